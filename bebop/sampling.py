@@ -1,0 +1,126 @@
+"""Logits -> sampling distributions, and the speculative rejection sampler.
+
+The same `probabilities` processing (temperature, top-k, top-p) is applied to the target and the draft, so
+that q is a distribution over the tokens the target could sample. Sampling is by inverse CDF on uniforms the
+caller can supply: the engine draws every row's uniforms from that row's own generator, which makes a row's
+output independent of the rest of the batch.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top-k must be >= 0, got {self.top_k}")
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Float32 probabilities [..., V] after temperature, top-k and top-p. Temperature 0 is one-hot argmax."""
+    logits = logits.float()
+    if params.temperature == 0:
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    logits = logits / params.temperature
+    if 0 < params.top_k < logits.shape[-1]:
+        kth = logits.topk(params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(-1)
+    if params.top_p < 1:
+        sorted_probs, order = probs.sort(-1, descending=True)
+        # drop a token once the mass strictly before it already reaches top_p; the first token always stays
+        drop = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
+        probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw from each row of probs [..., V] with uniforms u [...] in [0, 1).
+
+    Float64 cumsum; picks the first index whose CDF exceeds u * total, so a zero-probability token is never
+    chosen. A row that is all zero or NaN yields a valid index (0) instead of an out-of-vocabulary one."""
+    probs = torch.nan_to_num(probs.double(), nan=0.0).clamp_min_(0.0)
+    cdf = probs.cumsum(-1)
+    target = (u.double() * cdf[..., -1]).unsqueeze(-1)
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    return idx.clamp_(max=probs.shape[-1] - 1)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Unnormalised residual max(p - q, 0); where it is (numerically) empty, p = q and any rejection there
+    has probability ~0, so fall back to p itself rather than to an empty distribution."""
+    r = (p - q).clamp_min(0.0)
+    empty = r.sum(-1, keepdim=True) <= 1e-12
+    return torch.where(empty, p, r)
+
+
+def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, final_u):
+    """The speculative step of Leviathan et al. / Chen et al. (2023) with explicit uniforms.
+
+    target_probs [B, K+1, V] = p_1..p_{K+1}; draft_probs [B, K, V] = q_1..q_K; draft_tokens [B, K] = x_i ~ q_i.
+    accept_u [B, K], final_u [B]: uniforms in [0, 1).
+    Step 1 (accept): x_i is accepted iff u_i < p_i(x_i) / q_i(x_i), walking i = 1..K until the first rejection.
+    Step 2 (correct): at the first rejected position j, emit a token from the residual norm(max(p_j - q_j, 0));
+    if all K were accepted, emit a bonus token from p_{K+1}.
+    Returns tokens [B, K+1] (accepted drafts, the residual/bonus token, then -1) and num_accepted [B]."""
+    B, K = draft_tokens.shape
+    rows = torch.arange(B)
+    if K == 0:
+        return sample(target_probs[:, 0], final_u).unsqueeze(1), torch.zeros(B, dtype=torch.long)
+    p_x = target_probs[:, :K].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1).double()
+    q_x = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1).double()
+    # u < p/q written as u*q < p: no division, and q(x) = 0 (a token the draft could not have drawn) rejects
+    accepted = (accept_u.double() * q_x < p_x) & (q_x > 0)
+    num_accepted = accepted.long().cumprod(-1).sum(-1)
+    stop = num_accepted.clamp(max=K - 1)  # the rejected position, or any valid index when all accepted
+    p_stop, q_stop = target_probs[rows, stop], draft_probs[rows, stop]
+    correction = torch.where((num_accepted < K).unsqueeze(-1), residual(p_stop, q_stop), target_probs[:, K])
+    last = sample(correction, final_u)
+    tokens = torch.full((B, K + 1), -1, dtype=torch.long)
+    keep = torch.arange(K).unsqueeze(0) < num_accepted.unsqueeze(1)
+    tokens[:, :K] = torch.where(keep, draft_tokens, -1)
+    tokens[rows, num_accepted] = last
+    return tokens, num_accepted
+
+
+def rejection_sample(target_probs, draft_probs, draft_tokens, generator=None):
+    """Public entry point: `rejection_sample_uniform` with float64 uniforms drawn from `generator`.
+    Greedy drafting is the same call with one-hot draft_probs."""
+    B, K = draft_tokens.shape
+    u = torch.rand(B, K + 1, dtype=torch.float64, generator=generator)
+    return rejection_sample_uniform(target_probs, draft_probs, draft_tokens, u[:, :K], u[:, K])
+
+
+def token_stats(p, q):
+    """Per-position statistics for target p and draft q, both probabilities [..., V].
+
+    Returns a dict of tensors shaped like the leading dims:
+      target_entropy, draft_entropy: nats, with 0 log 0 = 0
+      alpha: sum_v min(p, q), acceptance prob of x ~ q with min(1, p/q)
+      greedy_accept_prob: p(argmax q), acceptance prob of x = argmax q (ties -> lowest id)
+      target_max_prob: max_v p, the greedy oracle (q = p)
+    """
+    if p.shape != q.shape:
+        raise ValueError(f"token_stats: p has shape {tuple(p.shape)} but q has {tuple(q.shape)}")
+    # bf16/fp16 sums over a 100k+ vocab lose too much; do the reductions in fp32 at least
+    dtype = torch.promote_types(p.dtype, torch.float32)
+    p, q = p.to(dtype), q.to(dtype)
+    # xlogy(0, 0) is exactly 0, which is the convention we want for unsupported tokens
+    target_entropy = (-torch.special.xlogy(p, p).sum(-1)).clamp_min(0.0)
+    draft_entropy = (-torch.special.xlogy(q, q).sum(-1)).clamp_min(0.0)
+    alpha = torch.minimum(p, q).sum(-1)
+    greedy_accept_prob = p.gather(-1, q.argmax(-1, keepdim=True)).squeeze(-1)
+    target_max_prob = p.amax(-1)
+    return dict(target_entropy=target_entropy, draft_entropy=draft_entropy, alpha=alpha,
+                greedy_accept_prob=greedy_accept_prob, target_max_prob=target_max_prob)
