@@ -1,0 +1,194 @@
+"""The MTP draft module, DeepSeek-V3 layout, applied recursively for K depths.
+
+For depth k at position t, with h the previous hidden state (the target's last hidden state for k = 1, the
+MTP's own output for k > 1) and e the embedding of the token at position t + k:
+    x  = eh_proj [enorm(e) ; hnorm(h)]          (2d -> d, no bias)
+    h' = Block(x)                               (one decoder layer of the target's shape)
+    q  = softmax(lm_head(final_norm(h')))       (embedding, final norm and LM head: the target's, frozen)
+An optional reduced draft vocabulary (`vocab_ids`) restricts the draft's LM head to the most frequent tokens,
+as EAGLE-3 and FR-Spec do: drafting gets cheaper and rejection sampling stays exact (q is 0 elsewhere).
+
+A checkpoint is `NAME.safetensors` (the MTP's own weights) plus `NAME.json` (its config and provenance).
+"""
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from bebop.errors import BebopError
+from bebop.models.decoder import Block, Decoder, KVCache, RMSNorm, step_positions
+
+
+@dataclass
+class MTPConfig:
+    dim: int
+    draft_vocab_size: int = 0  # 0 = the target's full vocabulary
+    meta: dict = field(default_factory=dict)  # provenance: loss, draft length, data, step, command
+
+
+class MTP(nn.Module):
+    def __init__(self, target: Decoder, config: MTPConfig | None = None):
+        super().__init__()
+        self.config = config or MTPConfig(dim=target.cfg.dim)
+        cfg = target.cfg
+        self.enorm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.hnorm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.eh_proj = nn.Linear(2 * cfg.dim, cfg.dim, bias=False)
+        self.block = Block(cfg)
+        # the target's modules, shared and frozen; kept out of this module's parameters and state dict
+        object.__setattr__(self, "target", target)
+        self.register_buffer("vocab_ids", torch.arange(0), persistent=True)
+        self.set_draft_vocab(None)
+
+    # ----- vocabulary -----
+    def set_draft_vocab(self, vocab_ids: torch.Tensor | None):
+        """Restrict the draft head to `vocab_ids` (sorted unique token ids), or None for the full vocabulary."""
+        ids = torch.arange(0) if vocab_ids is None else torch.as_tensor(vocab_ids, dtype=torch.long).unique()
+        self.vocab_ids = ids
+        self.config.draft_vocab_size = len(ids)
+        w = self.target.lm_head.weight
+        self.head_weight = w if len(ids) == 0 else w[ids].contiguous()
+
+    def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary [..., Vd] from MTP hidden states."""
+        return F.linear(self.target.norm(h), self.head_weight).float()
+
+    def full_vocab(self, draft_probs: torch.Tensor) -> torch.Tensor:
+        """Scatter probabilities over the draft vocabulary [..., Vd] into the target's vocabulary [..., V]."""
+        if len(self.vocab_ids) == 0:
+            return draft_probs
+        out = draft_probs.new_zeros(*draft_probs.shape[:-1], self.target.cfg.vocab_size)
+        return out.index_copy_(-1, self.vocab_ids, draft_probs)
+
+    # ----- inference: recursive drafting with a KV cache -----
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        c = self.target.cfg
+        return KVCache(1, batch, c.n_kv_heads, max_len, c.head_dim, self.eh_proj.weight.dtype)
+
+    def fuse(self, tokens, hidden):
+        return self.eh_proj(torch.cat([self.enorm(self.target.embed(tokens)), self.hnorm(hidden)], dim=-1))
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One MTP step over T new positions per row: tokens [B, T] are the tokens one ahead of the positions
+        whose previous hidden states are `hidden` [B, T, d]. Returns MTP hidden states [B, T, d]; like the
+        target, the cache's lengths are left for the caller to commit."""
+        positions, mask = step_positions(cache, tokens.shape[1])
+        cos, sin = self.target.rope(positions)
+        return self.block(self.fuse(tokens, hidden), cos, sin, cache.k[0], cache.v[0], positions, mask)
+
+    # ----- training: K depths unrolled on the MTP's own hidden states, as at inference -----
+    def unroll(self, tokens: torch.Tensor, hidden: torch.Tensor, depth: int) -> list[torch.Tensor]:
+        """Training-time unrolling over whole sequences. tokens [B, S]; hidden [B, S, d]: the target's hidden
+        states (teacher forcing from one target forward). Returns `depth` tensors [B, S - k, d]: entry k-1,
+        anchored at position t, predicts token t + k + 1.
+
+        Attention reproduces inference exactly: at inference the depth-k draft anchored at t (its query sits at
+        position t + k - 1) attends to depth-1 entries for positions <= t (written from the target's hidden
+        states when the MTP catches up on accepted tokens) plus its own chain's depth 2..k entries. So here a
+        depth-k query attends causally to the depth-1 keys and, on the diagonal, to the same anchor's keys of
+        depths 2..k (the "training-time test" of EAGLE-3)."""
+        B, S, _ = hidden.shape
+        blk, cfg = self.block, self.target.cfg
+        scale = cfg.head_dim ** -0.5
+        group = cfg.n_heads // cfg.n_kv_heads
+        outs, chain_k, chain_v = [], [], []
+        h = hidden
+        for k in range(1, depth + 1):
+            n = S - k  # anchors t = 0..S-k-1 still have the input token t + k
+            if n <= 0:
+                break
+            pos = torch.arange(k - 1, k - 1 + n).expand(B, n)
+            cos, sin = self.target.rope(pos)
+            x = self.fuse(tokens[:, k:k + n], h[:, :n])
+            q, kk, vv = blk.qkv(x, cos, sin)
+            kk, vv = kk.repeat_interleave(group, 1), vv.repeat_interleave(group, 1)
+            if k == 1:
+                k1, v1 = kk, vv  # depth-1 keys, attended causally by every depth
+                scores = q @ k1.transpose(-1, -2) * scale
+                causal = torch.ones(n, n, dtype=torch.bool).tril()
+                scores = scores.masked_fill(~causal, float("-inf"))
+                attn = scores.softmax(-1) @ v1
+            else:
+                chain_k.append(kk)
+                chain_v.append(vv)
+                m = n  # anchors available at this depth
+                base = q @ k1[:, :, :m].transpose(-1, -2) * scale
+                base = base.masked_fill(~torch.ones(m, m, dtype=torch.bool).tril(), float("-inf"))
+                diag = torch.stack([(q * ck[:, :, :m]).sum(-1) * scale for ck in chain_k], dim=-1)
+                weights = torch.cat([base, diag], dim=-1).softmax(-1)
+                attn = weights[..., :m] @ v1[:, :, :m]
+                attn = attn + sum(weights[..., m + j:m + j + 1] * cv[:, :, :m] for j, cv in enumerate(chain_v))
+            h = blk.finish(x, attn)
+            outs.append(h)
+        return outs
+
+    # ----- checkpoints -----
+    def save(self, path: str | Path, **meta):
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.config.meta.update(meta)
+        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        tmp = path.with_suffix(".tmp")
+        save_file(state, str(tmp))
+        config = asdict(self.config) | {"target": target_signature(self.target)}
+        path.with_suffix(".json").write_text(json.dumps(config, indent=1))
+        tmp.replace(path.with_suffix(".safetensors"))
+
+
+def target_signature(target: Decoder) -> dict:
+    c = target.cfg
+    return {"name": getattr(target, "name", None), "dim": c.dim, "vocab_size": c.vocab_size,
+            "n_heads": c.n_heads, "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim, "hidden_dim": c.hidden_dim}
+
+
+def new_mtp(target: Decoder, seed: int = 0) -> MTP:
+    """A fresh MTP: seeded random projection; its block starts as a copy of the target's last layer, the
+    usual warm start (random blocks train much slower), which also makes the 'random' MTP a sane draft."""
+    torch.manual_seed(seed)
+    mtp = MTP(target)
+    nn.init.normal_(mtp.eh_proj.weight, std=0.02)
+    mtp.block.load_state_dict(target.layers[-1].state_dict())
+    return mtp.to(target.embed.weight.dtype).eval()
+
+
+CHECKPOINTS = Path(__file__).parent / "checkpoints"
+
+
+def default_mtp(target: Decoder) -> MTP:
+    """The committed trained MTP for the target if there is one (bebop/checkpoints/NAME-mtp.*), else a fresh
+    seeded MTP."""
+    shipped = CHECKPOINTS / f"{getattr(target, 'name', '')}-mtp.safetensors"
+    return load_mtp(shipped, target) if shipped.exists() else new_mtp(target)
+
+
+def load_mtp(path: str | Path, target: Decoder) -> MTP:
+    """Load a checkpoint written by `MTP.save`, checking that it fits `target`."""
+    path = Path(path)
+    weights, config_path = path.with_suffix(".safetensors"), path.with_suffix(".json")
+    if not weights.exists() or not config_path.exists():
+        raise BebopError(f"MTP checkpoint '{path}' needs both {weights.name} and {config_path.name}")
+    try:
+        raw = json.loads(config_path.read_text())
+        state = load_file(str(weights))
+    except Exception as e:  # a truncated or foreign file: say which
+        raise BebopError(f"cannot read MTP checkpoint '{path}': {e}") from None
+    config = MTPConfig(dim=raw.get("dim", 0), draft_vocab_size=raw.get("draft_vocab_size", 0), meta=raw.get("meta", {}))
+    mtp = MTP(target, config)
+    expected = {k: v.shape for k, v in mtp.state_dict().items() if k != "vocab_ids"}
+    got = {k: v.shape for k, v in state.items() if k != "vocab_ids"}
+    if expected != got:
+        bad = sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
+        raise BebopError(f"MTP checkpoint '{path}' does not fit model '{getattr(target, 'name', '?')}': "
+                         f"mismatched weights {bad[:4]}{' ...' if len(bad) > 4 else ''}")
+    vocab_ids = state.pop("vocab_ids", torch.arange(0))
+    if len(vocab_ids) and int(vocab_ids.max()) >= target.cfg.vocab_size:
+        raise BebopError(f"MTP checkpoint '{path}' has draft token ids beyond the model's vocabulary")
+    mtp.load_state_dict(state, strict=False)
+    mtp.set_draft_vocab(vocab_ids if len(vocab_ids) else None)
+    return mtp.to(target.embed.weight.dtype).eval()
