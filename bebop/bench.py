@@ -1,0 +1,102 @@
+"""`bebop bench`: throughput and acceptance of each mode, as ratios measured in one process.
+
+Machines are shared and noisy, so the modes are interleaved (every repetition runs every batch size and
+mode, in a rotated order) and tokens/s is total tokens over total time across repetitions; the speedup of a
+mode is its tokens/s over `ar`'s from the same run. Like vLLM's benchmark with --ignore-eos, every row
+generates exactly max_new_tokens, so all modes do the same amount of work.
+`hf` is transformers' own `generate` on the same prompts and settings (the baseline of the issue tracker).
+"""
+
+import time
+
+import torch
+from tqdm import tqdm
+
+from bebop.engine import SpecStats, generate
+from bebop.sampling import SamplingParams
+
+
+def hf_generate(hf_model, tokenizer, prompts, max_new_tokens, params: SamplingParams, seed: int) -> int:
+    """transformers' generate, left-padded as it requires; returns the number of new tokens."""
+    torch.manual_seed(seed)
+    width = max(map(len, prompts))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    sampling = dict(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k) \
+        if params.temperature > 0 else dict(do_sample=False)
+    out = hf_model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                            pad_token_id=pad, **sampling)
+    return (out.shape[1] - width) * len(prompts)
+
+
+def merge(total: SpecStats, s: SpecStats):
+    total.draft_len = s.draft_len
+    total.steps += s.steps
+    total.drafted += s.drafted
+    total.accepted += s.accepted
+    total.accepted_at = [a + b for a, b in zip(total.accepted_at or [0] * len(s.accepted_at), s.accepted_at)]
+    total.tokens += s.tokens
+    total.entropy_sum += s.entropy_sum
+
+
+def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: list[str], draft_len: int,
+              params: SamplingParams, max_new_tokens: int, seed: int = 0, repeats: int = 3, mtp=None,
+              hf_model=None, tokenizer=None) -> list[dict]:
+    def run(mode, bs, rep):
+        batch = [prompts[i % len(prompts)] for i in range(bs)]
+        start = time.perf_counter()
+        if mode == "hf":
+            tokens, stats = hf_generate(hf_model, tokenizer, batch, max_new_tokens, params, seed + rep), None
+        else:
+            g = generate(model, batch, max_new_tokens, params, mode=mode, mtp=mtp, draft_len=draft_len,
+                         seed=seed + rep, eos_ids=[])
+            tokens, stats = g.stats.tokens, g.stats
+        return time.perf_counter() - start, tokens, stats
+
+    for mode in modes:  # warm-up: first calls pay for allocation and lazy initialisation
+        run(mode, 1, 0)
+    acc = {(bs, m): {"time": 0.0, "tokens": 0, "stats": SpecStats()} for bs in batch_sizes for m in modes}
+    with tqdm(total=repeats * len(batch_sizes) * len(modes), desc="bench", unit="run") as bar:
+        for rep in range(repeats):
+            for bs in batch_sizes:
+                for i in range(len(modes)):
+                    mode = modes[(i + rep) % len(modes)]  # rotate so no mode always runs first
+                    dt, tokens, stats = run(mode, bs, rep)
+                    a = acc[(bs, mode)]
+                    a["time"] += dt
+                    a["tokens"] += tokens
+                    if stats is not None:
+                        merge(a["stats"], stats)
+                    bar.update(1)
+    results = []
+    for bs in batch_sizes:
+        ar = acc.get((bs, "ar"))
+        for mode in modes:
+            a = acc[(bs, mode)]
+            s = a["stats"]
+            tps = a["tokens"] / a["time"]
+            results.append({
+                "mode": mode, "batch_size": bs, "draft_len": draft_len if mode.startswith("spec") else 0,
+                "temperature": params.temperature, "tokens_per_s": tps,
+                "speedup_vs_ar": tps / (ar["tokens"] / ar["time"]) if ar else None,
+                "acceptance_rate": s.acceptance_rate, "mean_acceptance_length": s.mean_acceptance_length,
+                "per_position_acceptance": s.per_position_acceptance, "mean_entropy": s.mean_entropy,
+                "tokens": a["tokens"], "seconds": a["time"], "repeats": repeats,
+            })
+    return results
+
+
+def format_table(results: list[dict]) -> str:
+    def f(x, spec="{:.3f}"):
+        return "-" if x is None else spec.format(x)
+
+    head = f"{'mode':<12}{'batch':>6}{'K':>3}{'T':>5}{'tok/s':>9}{'vs ar':>7}{'accept':>8}{'mean len':>9}" \
+           f"{'entropy':>8}  per-position acceptance"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        ppa = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"]) or "-"
+        lines.append(f"{r['mode']:<12}{r['batch_size']:>6}{r['draft_len']:>3}{r['temperature']:>5.2g}"
+                     f"{r['tokens_per_s']:>9.1f}{f(r['speedup_vs_ar'], '{:.2f}x'):>7}{f(r['acceptance_rate']):>8}"
+                     f"{f(r['mean_acceptance_length'], '{:.2f}'):>9}{f(r['mean_entropy'], '{:.2f}'):>8}  {ppa}")
+    return "\n".join(lines)

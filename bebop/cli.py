@@ -1,0 +1,231 @@
+"""The `bebop` command line. Bad input gets one line on stderr and exit status 2, never a traceback."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bebop.errors import BebopError
+
+MODES = ("ar", "spec", "spec-greedy")
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise BebopError(f"expected comma-separated integers, got '{text}'") from None
+    if not values or min(values) < 1:
+        raise BebopError(f"expected positive integers, got '{text}'")
+    return values
+
+
+def add_model_args(p):
+    p.add_argument("--model", default="smollm2-135m", help="registry name or local Hugging Face model directory")
+    p.add_argument("--mtp", default=None, help="MTP checkpoint (NAME.safetensors + NAME.json); default: the "
+                                               "committed one for smollm2-135m, else a seeded random MTP")
+
+
+def add_sampling_args(p, temperature=1.0):
+    p.add_argument("--temperature", type=float, default=temperature)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--draft-len", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def sampling_params(args):
+    from bebop.sampling import SamplingParams
+
+    if args.draft_len < 0:
+        raise BebopError(f"--draft-len must be >= 0, got {args.draft_len}")
+    if args.max_new_tokens < 1:
+        raise BebopError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    try:
+        return SamplingParams(args.temperature, args.top_p, args.top_k)
+    except ValueError as e:
+        raise BebopError(str(e)) from None
+
+
+def load(args, need_mtp=True):
+    """(model, tokenizer, mtp) from --model / --mtp."""
+    from bebop.models.registry import load_model
+    from bebop.mtp import default_mtp, load_mtp
+
+    model, tok = load_model(args.model)
+    mtp = None
+    if need_mtp:
+        mtp = load_mtp(args.mtp, model) if args.mtp else default_mtp(model)
+    return model, tok, mtp
+
+
+def cmd_generate(args):
+    from bebop.engine import generate
+    from bebop.models.registry import chat_ids
+    from bebop.tasks import load_prompts_file
+
+    params = sampling_params(args)
+    if (args.prompt is None) == (args.prompts is None):
+        raise BebopError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
+    if args.num_samples < 1:
+        raise BebopError(f"--num-samples must be >= 1, got {args.num_samples}")
+    texts = [args.prompt] if args.prompt is not None else load_prompts_file(args.prompts)
+    model, tok, mtp = load(args, need_mtp=args.mode != "ar")
+    index = [i for i in range(len(texts)) for _ in range(args.num_samples)]
+    prompts = [chat_ids(tok, texts[i]) for i in index]
+    g = generate(model, prompts, args.max_new_tokens, params, mode=args.mode, mtp=mtp, draft_len=args.draft_len,
+                 seed=args.seed, progress=True)
+    lines = [json.dumps({"prompt_index": i, "tokens": r.tokens, "text": tok.decode(r.tokens, skip_special_tokens=True),
+                         "logprobs": r.logprobs, "stop_reason": r.stop_reason}) + "\n"
+             for i, r in zip(index, g.rollouts)]
+    if args.output:
+        Path(args.output).write_text("".join(lines))
+    else:
+        sys.stdout.writelines(lines)
+    print(json.dumps({"mode": args.mode, **g.stats.summary()}), file=sys.stderr)
+
+
+def cmd_bench(args):
+    from bebop.bench import format_table, run_bench
+    from bebop.engine import MODES as ENGINE_MODES
+    from bebop.models.registry import chat_ids, load_hf
+    from bebop.tasks import default_prompts, load_prompts_file
+
+    params = sampling_params(args)
+    batch_sizes = int_list(args.batch_sizes)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in (*ENGINE_MODES, "hf")]
+    if bad or not modes:
+        raise BebopError(f"unknown mode(s) {bad or modes}: choose from {', '.join((*ENGINE_MODES, 'hf'))}")
+    if args.repeats < 1:
+        raise BebopError(f"--repeats must be >= 1, got {args.repeats}")
+    texts = load_prompts_file(args.prompts) if args.prompts else default_prompts(max(batch_sizes))
+    model, tok, mtp = load(args, need_mtp=any(m.startswith("spec") for m in modes))
+    hf_model = load_hf(args.model)[0] if "hf" in modes else None
+    prompts = [chat_ids(tok, t) for t in texts]
+    results = run_bench(model, prompts, batch_sizes, modes, args.draft_len, params, args.max_new_tokens,
+                        seed=args.seed, repeats=args.repeats, mtp=mtp, hf_model=hf_model, tokenizer=tok)
+    print(format_table(results))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        mtp_name = None if mtp is None else (args.mtp or mtp.config.meta.get("name", "random"))
+        Path(args.json).write_text(json.dumps({"model": args.model, "mtp": mtp_name, "results": results}, indent=1))
+
+
+def cmd_make_data(args):
+    from bebop.data import make_data
+
+    params = sampling_params(args)
+    if args.num_samples < 1 or args.heldout_samples < 1:
+        raise BebopError("--num-samples and --heldout-samples must be >= 1")
+    if args.prompts != "builtin" and not Path(args.prompts).is_file():
+        raise BebopError(f"--prompts must be 'builtin' or a JSONL file; '{args.prompts}' is neither")
+    model, tok, _ = load(args, need_mtp=False)
+    out = make_data(model, tok, args.out, source=args.prompts, num_samples=args.num_samples,
+                    heldout_samples=args.heldout_samples, params=params, max_new_tokens=args.max_new_tokens,
+                    batch_size=args.batch_size, seed=args.seed, model_name=args.model)
+    print(f"wrote {out}/train.jsonl, {out}/heldout.jsonl", file=sys.stderr)
+
+
+def train_config(args):
+    from bebop.train_mtp import LOSSES, TrainConfig
+
+    if args.loss not in LOSSES:
+        raise BebopError(f"unknown loss '{args.loss}' (choose from {', '.join(LOSSES)})")
+    for name in ("steps", "batch_size", "draft_len"):
+        if getattr(args, name) < 1:
+            raise BebopError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not args.lr > 0:
+        raise BebopError(f"--lr must be > 0, got {args.lr}")
+    return TrainConfig(loss=args.loss, draft_len=args.draft_len, steps=args.steps, batch_size=args.batch_size,
+                       lr=args.lr, draft_vocab=args.draft_vocab, eval_every=args.eval_every,
+                       save_every=args.save_every, eval_prompts=args.eval_prompts, seed=args.seed,
+                       max_seq_len=args.max_seq_len)
+
+
+def cmd_train_mtp(args):
+    from bebop.models.registry import load_model
+    from bebop.train_mtp import train_mtp
+
+    cfg = train_config(args)
+    model, _ = load_model(args.model)
+    train_mtp(model, args.data, args.out, cfg, init=args.init, resume=args.resume,
+              command="bebop " + " ".join(sys.argv[1:]))
+    print(f"wrote {args.out}.safetensors and {args.out}.json", file=sys.stderr)
+
+
+def add_train_args(p):
+    p.add_argument("--data", required=True, help="directory written by `bebop make-data`")
+    p.add_argument("--draft-len", type=int, default=3)
+    p.add_argument("--steps", type=int, default=500)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--draft-vocab", type=int, default=0, help="restrict the draft head to the N most frequent "
+                                                                "training tokens (0 = full vocabulary)")
+    p.add_argument("--max-seq-len", type=int, default=384)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for real speculative acceptance")
+    p.add_argument("--save-every", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="bebop", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("generate", help="sample completions (plain or speculative)")
+    add_model_args(p)
+    p.add_argument("--prompt")
+    p.add_argument("--prompts", help="JSONL file, one {\"prompt\": ...} per line")
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--mode", choices=MODES, default="spec")
+    p.add_argument("--output", help="JSONL output (default: stdout)")
+    add_sampling_args(p)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("bench", help="tokens/s and acceptance per mode and batch size, interleaved")
+    add_model_args(p)
+    p.add_argument("--batch-sizes", default="1,4,16")
+    p.add_argument("--modes", default="ar,spec,spec-greedy", help="any of ar, spec, spec-greedy, hf (transformers)")
+    p.add_argument("--prompts", help="JSONL prompts (default: built-in held-out task prompts)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", help="write the results here")
+    add_sampling_args(p)
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("make-data", help="self-distillation data: the target's own samples")
+    add_model_args(p)
+    p.add_argument("--prompts", default="builtin", help="'builtin' (chat, math and code tasks) or a JSONL file")
+    p.add_argument("--num-samples", type=int, default=512, help="training sequences")
+    p.add_argument("--heldout-samples", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--out", required=True)
+    add_sampling_args(p)
+    p.set_defaults(func=cmd_make_data)
+
+    p = sub.add_parser("train-mtp", help="train the MTP draft with ce, kl, tv, e2e-tv, lk or kl+e2e-tv")
+    add_model_args(p)
+    add_train_args(p)
+    p.add_argument("--loss", default="e2e-tv")
+    p.add_argument("--out", required=True, help="checkpoint path prefix: OUT.safetensors, OUT.json, ...")
+    p.add_argument("--init", help="start from this MTP checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue from OUT's last checkpoint")
+    p.set_defaults(func=cmd_train_mtp)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except BebopError as e:
+        print(f"bebop: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("bebop: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
