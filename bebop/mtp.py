@@ -51,7 +51,7 @@ class MTP(nn.Module):
         ids = torch.arange(0) if vocab_ids is None else torch.as_tensor(vocab_ids, dtype=torch.long).unique()
         self.vocab_ids = ids
         self.config.draft_vocab_size = len(ids)
-        w = self.target.lm_head.weight
+        w = self.target.lm_head.weight.detach()  # frozen; a plain tensor so it never enters our state dict
         self.head_weight = w if len(ids) == 0 else w[ids].contiguous()
 
     def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
