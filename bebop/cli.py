@@ -155,6 +155,60 @@ def cmd_train_mtp(args):
     print(f"wrote {args.out}.safetensors and {args.out}.json", file=sys.stderr)
 
 
+def float_list(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise BebopError(f"expected comma-separated numbers, got '{text}'") from None
+    if not values or min(values) < 0:
+        raise BebopError(f"expected non-negative numbers, got '{text}'")
+    return values
+
+
+def cmd_compare_losses(args):
+    from bebop.compare import compare_losses
+    from bebop.models.registry import load_model
+    from bebop.train_mtp import LOSSES
+
+    names = [x.strip() for x in args.losses.split(",") if x.strip()]
+    bad = [x for x in names if x not in LOSSES]
+    if bad or not names:
+        raise BebopError(f"unknown loss(es) {bad or names}: choose from {', '.join(LOSSES)}")
+    args.loss = names[0]
+    cfg = train_config(args)
+    temperatures = float_list(args.temperatures)
+    model, _ = load_model(args.model)
+    compare_losses(model, args.data, names, cfg, args.out, temperatures=temperatures,
+                   eval_prompts=args.eval_samples, eval_new_tokens=args.eval_new_tokens, seed=args.seed)
+    print((Path(args.out) / "compare.md").read_text())
+
+
+def cmd_analyze_entropy(args):
+    from bebop.analysis.entropy import collect, summarize, write_report
+    from bebop.models.registry import chat_ids, load_model
+    from bebop.mtp import default_mtp, load_mtp
+    from bebop.tasks import default_prompts, load_prompts_file
+
+    temperatures = float_list(args.temperatures)
+    if args.draft_len < 1:
+        raise BebopError(f"--draft-len must be >= 1, got {args.draft_len}")
+    texts = load_prompts_file(args.prompts) if args.prompts else default_prompts(args.num_prompts)
+    policies = [(args.model, "base")] + [(p, Path(p).name) for p in args.policy]
+    parts = []
+    for path, label in policies:
+        model, tok = load_model(path)
+        mtp = load_mtp(args.mtp, model) if args.mtp else default_mtp(model)
+        prompts = [chat_ids(tok, t) for t in texts]
+        parts.append(collect(model, mtp, prompts, temperatures, args.draft_len, args.max_new_tokens,
+                             seed=args.seed, policy=label))
+    import numpy as np
+
+    table = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    summary = summarize(table, n_boot=args.bootstrap, seed=args.seed)
+    write_report(table, summary, args.out)
+    print((Path(args.out) / "report.md").read_text())
+
+
 def add_train_args(p):
     p.add_argument("--data", required=True, help="directory written by `bebop make-data`")
     p.add_argument("--draft-len", type=int, default=3)
@@ -212,6 +266,32 @@ def build_parser():
     p.add_argument("--init", help="start from this MTP checkpoint")
     p.add_argument("--resume", action="store_true", help="continue from OUT's last checkpoint")
     p.set_defaults(func=cmd_train_mtp)
+
+    p = sub.add_parser("compare-losses", help="train one MTP per loss on the same budget and compare acceptance")
+    add_model_args(p)
+    add_train_args(p)
+    p.add_argument("--losses", default="ce,kl,tv,e2e-tv,lk,kl+e2e-tv")
+    p.add_argument("--temperatures", default="0.6,1.0,1.2")
+    p.add_argument("--eval-samples", type=int, default=32, help="held-out prompts for the final evaluation")
+    p.add_argument("--eval-new-tokens", type=int, default=64)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_compare_losses)
+
+    p = sub.add_parser("analyze", help="studies: `analyze entropy`")
+    studies = p.add_subparsers(dest="study", required=True)
+    p = studies.add_parser("entropy", help="acceptance vs the policy's entropy, probabilistic and greedy drafting")
+    add_model_args(p)
+    p.add_argument("--policy", action="append", default=[], help="another policy checkpoint (model directory) "
+                                                                  "to study with the same MTP; repeatable")
+    p.add_argument("--prompts", help="JSONL prompts (default: built-in held-out task prompts)")
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--temperatures", default="0.4,0.6,0.8,1.0,1.2,1.4,1.6")
+    p.add_argument("--draft-len", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the fit intervals")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_analyze_entropy)
     return parser
 
 

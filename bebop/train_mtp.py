@@ -1,0 +1,273 @@
+"""`bebop train-mtp`: train the MTP draft before RL on the target's own samples.
+
+Read top to bottom: data -> target features (one target forward per sequence, cached: the target is frozen,
+so its hidden states never change) -> the MTP unrolled K depths on its own hidden states, exactly as at
+inference (bebop.mtp.MTP.unroll) -> a loss from bebop.losses -> AdamW with warm-up and cosine decay, gradient
+clipping -> periodic held-out evaluation (teacher-forced acceptance, and real speculative acceptance from the
+engine) -> checkpoints that resume.
+
+Depth k anchored at position t predicts token t + k + 1; its teacher distribution is the target's p at
+position t + k, after the data's temperature. Only predictions of completion tokens are trained on.
+With a reduced draft vocabulary (--draft-vocab N, the N most frequent tokens of the training data) q is zero
+outside it, which is exactly the q rejection sampling will see at inference.
+"""
+
+import json
+import math
+import random
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from bebop import losses
+from bebop.data import load_meta, load_split
+from bebop.engine import generate
+from bebop.errors import BebopError
+from bebop.mtp import MTP, load_mtp, new_mtp
+from bebop.sampling import SamplingParams
+
+LOSSES = ("ce", "kl", "tv", "e2e-tv", "lk", "kl+e2e-tv")
+
+
+@dataclass
+class TrainConfig:
+    loss: str = "e2e-tv"
+    draft_len: int = 3
+    steps: int = 500
+    batch_size: int = 8
+    lr: float = 1e-3
+    warmup: int = 0  # 0 = 5% of the steps
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    max_seq_len: int = 384
+    draft_vocab: int = 0  # 0 = the target's full vocabulary
+    temperature: float = 0.0  # 0 = the data's temperature
+    eval_every: int = 100
+    eval_sequences: int = 64  # held-out sequences for teacher-forced acceptance
+    eval_prompts: int = 8  # held-out prompts for real speculative acceptance
+    eval_new_tokens: int = 48
+    save_every: int = 100
+    seed: int = 0
+
+
+def loss_at(name: str, step: int, steps: int) -> str:
+    """'kl+e2e-tv': KL for the first half of the budget (a good start), e2e-TV after (what acceptance pays)."""
+    if name == "kl+e2e-tv":
+        return "kl" if step < steps // 2 else "e2e-tv"
+    return name
+
+
+def frequent_tokens(rows: list[dict], n: int, always=()) -> torch.Tensor:
+    counts = Counter(t for r in rows for t in r["completion_ids"])
+    counts.update(t for r in rows for t in r["prompt_ids"])
+    ids = set(always) | {t for t, _ in counts.most_common(n)}
+    return torch.tensor(sorted(ids)[: max(n, len(always))], dtype=torch.long)
+
+
+class TargetFeatures:
+    """The frozen target's last hidden states and log-normaliser for each sequence, computed once."""
+
+    def __init__(self, target, rows, temperature, max_seq_len):
+        self.target, self.T = target, temperature
+        self.seqs = [torch.tensor((r["prompt_ids"] + r["completion_ids"])[:max_seq_len]) for r in rows]
+        self.prompt_lens = [len(r["prompt_ids"]) for r in rows]
+        self.cache = {}
+
+    @torch.no_grad()
+    def get(self, idx: list[int]):
+        missing = [i for i in idx if i not in self.cache]
+        for chunk in range(0, len(missing), 8):
+            part = missing[chunk:chunk + 8]
+            tokens, lens = pad([self.seqs[i] for i in part])
+            hidden = self.target.forward_full(tokens)
+            lse = (self.target.logits(hidden) / self.T).logsumexp(-1)
+            for j, i in enumerate(part):
+                self.cache[i] = (hidden[j, :lens[j]].clone(), lse[j, :lens[j]].clone())
+        tokens, lens = pad([self.seqs[i] for i in idx])
+        hidden = torch.zeros(len(idx), tokens.shape[1], self.target.cfg.dim)
+        lse = torch.zeros(len(idx), tokens.shape[1])
+        for j, i in enumerate(idx):
+            h, l = self.cache[i]
+            hidden[j, :len(h)], lse[j, :len(l)] = h, l
+        return tokens, lens, torch.tensor([self.prompt_lens[i] for i in idx]), hidden, lse
+
+
+def pad(seqs):
+    lens = torch.tensor([len(s) for s in seqs])
+    out = torch.zeros(len(seqs), int(lens.max()), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, :len(s)] = s
+    return out, lens
+
+
+def depth_tensors(mtp: MTP, tokens, lens, prompt_lens, hidden, lse, K, T):
+    """Unroll the MTP and line up, per anchor t and depth k: q_k (probabilities and logits over the draft
+    vocabulary), the teacher p at position t + k over the same vocabulary, the label token t + k + 1 (as a
+    draft-vocabulary index, -1 if outside), and the validity mask. Shapes [N, K, V'] / [N, K]."""
+    B, S = tokens.shape
+    A = S - 1  # anchors t = 0..S-2
+    target = mtp.target
+    head = mtp.head_weight
+    with torch.no_grad():  # teacher: exp(logits / T - logsumexp over the FULL vocabulary) on the draft vocabulary
+        p_pos = (torch.nn.functional.linear(target.norm(hidden), head) / T - lse.unsqueeze(-1)).exp()
+    outs = mtp.unroll(tokens, hidden, K)
+    t = torch.arange(A)
+    q_logits, p, labels, mask = [], [], [], []
+    for k in range(1, K + 1):
+        h = outs[k - 1] if k - 1 < len(outs) else hidden.new_zeros(B, 0, hidden.shape[-1])
+        n = h.shape[1]
+        logits = mtp.draft_logits(h) / T
+        q_logits.append(torch.nn.functional.pad(logits, (0, 0, 0, A - n)))
+        p.append(torch.nn.functional.pad(p_pos[:, k:], (0, 0, 0, A - (S - k))))
+        label_pos = (t + k + 1).clamp(max=S - 1)
+        labels.append(tokens[:, label_pos])
+        mask.append((t + k + 1 < lens.unsqueeze(1)) & (t + k + 1 >= prompt_lens.unsqueeze(1)) & (t < n))
+    q_logits, p = torch.stack(q_logits, 2), torch.stack(p, 2)
+    labels, mask = torch.stack(labels, 2), torch.stack(mask, 2)
+    if len(mtp.vocab_ids):  # full token id -> draft index, -1 outside the draft vocabulary
+        to_draft = torch.full((target.cfg.vocab_size,), -1, dtype=torch.long)
+        to_draft[mtp.vocab_ids] = torch.arange(len(mtp.vocab_ids))
+        labels = to_draft[labels]
+    keep = mask[..., 0]  # anchors whose first depth is trainable
+    return q_logits[keep], p[keep], labels[keep], mask[keep]
+
+
+def loss_value(name, q_logits, p, labels, mask):
+    if name == "ce":
+        return losses.ce_loss(q_logits, labels.clamp_min(0), mask & (labels >= 0))
+    q = q_logits.softmax(-1)
+    fn = {"kl": losses.kl_loss, "tv": losses.tv_loss, "e2e-tv": losses.e2e_tv_loss, "lk": losses.lk_loss}[name]
+    return fn(p, q, mask)
+
+
+@torch.no_grad()
+def teacher_forced_eval(mtp, feats: TargetFeatures, K, T, batch_size=8) -> dict:
+    """Held-out acceptance if every earlier draft was accepted: mean alpha per depth and E[A] (cheap, exact)."""
+    alpha_sum, count, ea_sum, n_pos = torch.zeros(K), torch.zeros(K), 0.0, 0
+    for start in range(0, len(feats.seqs), batch_size):
+        batch = feats.get(list(range(start, min(start + batch_size, len(feats.seqs)))))
+        q_logits, p, _, mask = depth_tensors(mtp, *batch, K, T)
+        alpha = losses.acceptance(p, q_logits.softmax(-1))
+        alpha_sum += torch.where(mask, alpha, 0).sum(0)
+        count += mask.sum(0)
+        ea_sum += float(losses.expected_accepted_length(alpha, mask).sum())
+        n_pos += len(alpha)
+    alpha = (alpha_sum / count.clamp_min(1)).tolist()
+    return {"heldout_alpha": alpha, "heldout_expected_accepted": ea_sum / max(n_pos, 1)}
+
+
+def spec_eval(mtp, rows, K, T, n_prompts, max_new_tokens, seed=0) -> dict:
+    """Real speculative acceptance from the engine on held-out prompts."""
+    prompts = [r["prompt_ids"] for r in rows[:n_prompts]]
+    g = generate(mtp.target, prompts, max_new_tokens, SamplingParams(T), mode="spec", mtp=mtp, draft_len=K, seed=seed)
+    s = g.stats
+    return {"spec_acceptance_rate": s.acceptance_rate, "spec_mean_acceptance_length": s.mean_acceptance_length,
+            "spec_per_position_acceptance": s.per_position_acceptance}
+
+
+def paths(out):
+    out = Path(out)
+    return out.with_suffix(".safetensors"), out.with_suffix(".json"), out.with_suffix(".train.pt"), \
+        out.with_suffix(".metrics.jsonl")
+
+
+def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, resume: bool = False,
+              progress: bool = True, command: str | None = None) -> MTP:
+    if cfg.loss not in LOSSES:
+        raise BebopError(f"unknown loss '{cfg.loss}' (choose from {', '.join(LOSSES)})")
+    meta = load_meta(data_dir)
+    T = cfg.temperature or meta.get("temperature") or 1.0
+    train_rows, heldout_rows = load_split(data_dir, "train"), load_split(data_dir, "heldout")
+    vocab = target.cfg.vocab_size
+    for r in train_rows[:50] + heldout_rows[:50]:
+        if max(r["prompt_ids"] + r["completion_ids"] + [0]) >= vocab:
+            raise BebopError(f"{data_dir}: token ids beyond the vocabulary of '{target.name}' (data of another model?)")
+    weights_path, _, state_path, metrics_path = paths(out)
+    weights_path.parent.mkdir(parents=True, exist_ok=True)
+
+    if resume and state_path.exists():
+        mtp = load_mtp(weights_path, target)
+        state = torch.load(state_path, weights_only=False)
+        if state["config"] != asdict(cfg):
+            changed = sorted(k for k in state["config"] if state["config"][k] != asdict(cfg).get(k))
+            raise BebopError(f"cannot resume {out}: settings differ from the checkpoint's ({', '.join(changed)})")
+        start_step = state["step"]
+    else:
+        mtp = load_mtp(init, target) if init else new_mtp(target, seed=cfg.seed)
+        if cfg.draft_vocab:
+            mtp.set_draft_vocab(frequent_tokens(train_rows, cfg.draft_vocab, always=getattr(target, "eos_ids", [])))
+        state, start_step = None, 0
+        metrics_path.unlink(missing_ok=True)
+    mtp.train()
+    params = [p for p in mtp.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    warmup = cfg.warmup or max(1, cfg.steps // 20)
+
+    def lr_at(step):  # linear warm-up, then cosine decay to min_lr_ratio * lr
+        if step < warmup:
+            return cfg.lr * (step + 1) / warmup
+        frac = (step - warmup) / max(1, cfg.steps - warmup)
+        return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+    rng = random.Random(cfg.seed)
+    if state is not None:
+        opt.load_state_dict(state["optimizer"])
+        rng.setstate(state["rng"])
+    train_feats = TargetFeatures(target, train_rows, T, cfg.max_seq_len)
+    eval_feats = TargetFeatures(target, heldout_rows[:cfg.eval_sequences], T, cfg.max_seq_len)
+    provenance = {"loss": cfg.loss, "draft_len": cfg.draft_len, "data": str(data_dir), "temperature": T,
+                  "train_sequences": len(train_rows), "config": asdict(cfg), "command": command,
+                  "init": init, "name": Path(out).name}
+
+    def evaluate(step):
+        mtp.eval()
+        row = {"step": step, **teacher_forced_eval(mtp, eval_feats, cfg.draft_len, T)}
+        if cfg.eval_prompts:
+            row.update(spec_eval(mtp, heldout_rows, cfg.draft_len, T, cfg.eval_prompts, cfg.eval_new_tokens))
+        mtp.train()
+        return row
+
+    def checkpoint(step):
+        mtp.save(weights_path, **provenance, step=step)
+        tmp = state_path.with_suffix(".tmp")
+        torch.save({"step": step, "optimizer": opt.state_dict(), "rng": rng.getstate(), "config": asdict(cfg)}, tmp)
+        tmp.replace(state_path)
+
+    log = open(metrics_path, "a")
+    order = []
+    bar = tqdm(total=cfg.steps, initial=start_step, desc=f"train-mtp {cfg.loss}", disable=not progress)
+    t0 = time.time()
+    for step in range(start_step, cfg.steps):
+        if len(order) < cfg.batch_size:  # epochs of shuffled sequences
+            order += rng.sample(range(len(train_rows)), len(train_rows))
+        idx, order = order[:cfg.batch_size], order[cfg.batch_size:]
+        name = loss_at(cfg.loss, step, cfg.steps)
+        q_logits, p, labels, mask = depth_tensors(mtp, *train_feats.get(idx), cfg.draft_len, T)
+        loss = loss_value(name, q_logits, p, labels, mask)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        with torch.no_grad():
+            alpha = losses.acceptance(p, q_logits.softmax(-1))
+            train_alpha = torch.where(mask, alpha, 0).sum(0) / mask.sum(0).clamp_min(1)
+        row = {"step": step + 1, "loss": float(loss), "loss_fn": name, "lr": lr_at(step), "grad_norm": float(grad_norm),
+               "train_alpha": train_alpha.tolist(), "seconds": time.time() - t0}
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+            row.update(evaluate(step + 1))
+            bar.set_postfix(alpha1=f"{row['heldout_alpha'][0]:.3f}", EA=f"{row['heldout_expected_accepted']:.2f}")
+        log.write(json.dumps(row) + "\n")
+        log.flush()
+        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+            checkpoint(step + 1)
+        bar.update(1)
+    bar.close()
+    log.close()
+    return mtp.eval()
