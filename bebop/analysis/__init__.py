@@ -1,0 +1,1 @@
+"""Studies built on traces of speculative decoding runs."""
