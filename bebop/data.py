@@ -84,6 +84,8 @@ def load_split(data_dir, split: str) -> list[dict]:
 
 def load_meta(data_dir) -> dict:
     path = Path(data_dir) / "meta.json"
+    if not path.exists():
+        raise BebopError(f"{data_dir}: not a data directory of `bebop make-data` (no meta.json)")
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:

@@ -215,9 +215,14 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
         return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
     rng = random.Random(cfg.seed)
+    order = []  # the rest of the current epoch's shuffled sequence indices
     if state is not None:
         opt.load_state_dict(state["optimizer"])
         rng.setstate(state["rng"])
+        order = state["order"]
+        if metrics_path.exists():  # drop rows logged after the checkpoint: they are about to be redone
+            rows = [r for r in metrics_path.read_text().splitlines() if json.loads(r)["step"] <= start_step]
+            metrics_path.write_text("".join(r + "\n" for r in rows))
     train_feats = TargetFeatures(target, train_rows, T, cfg.max_seq_len)
     eval_feats = TargetFeatures(target, heldout_rows[:cfg.eval_sequences], T, cfg.max_seq_len)
     provenance = {"loss": cfg.loss, "draft_len": cfg.draft_len, "data": str(data_dir), "temperature": T,
@@ -235,11 +240,11 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
     def checkpoint(step):
         mtp.save(weights_path, **provenance, step=step)
         tmp = state_path.with_suffix(".tmp")
-        torch.save({"step": step, "optimizer": opt.state_dict(), "rng": rng.getstate(), "config": asdict(cfg)}, tmp)
+        torch.save({"step": step, "optimizer": opt.state_dict(), "rng": rng.getstate(), "order": order,
+                    "config": asdict(cfg)}, tmp)
         tmp.replace(state_path)
 
     log = open(metrics_path, "a")
-    order = []
     bar = tqdm(total=cfg.steps, initial=start_step, desc=f"train-mtp {cfg.loss}", disable=not progress)
     t0 = time.time()
     for step in range(start_step, cfg.steps):
@@ -258,7 +263,7 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
         with torch.no_grad():
             alpha = losses.acceptance(p, q_logits.softmax(-1))
             train_alpha = torch.where(mask, alpha, 0).sum(0) / mask.sum(0).clamp_min(1)
-        row = {"step": step + 1, "loss": float(loss), "loss_fn": name, "lr": lr_at(step), "grad_norm": float(grad_norm),
+        row = {"step": step + 1, "loss": loss.item(), "loss_fn": name, "lr": lr_at(step), "grad_norm": float(grad_norm),
                "train_alpha": train_alpha.tolist(), "seconds": time.time() - t0}
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             row.update(evaluate(step + 1))
