@@ -124,11 +124,15 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
         raise ValueError(f"unknown mode '{mode}' (choose from {', '.join(MODES)})")
     if draft_len < 0:
         raise ValueError(f"draft length must be >= 0, got {draft_len}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not prompts or min(map(len, prompts)) == 0:
+        raise ValueError("every prompt needs at least one token")
     spec = mode != "ar" and draft_len > 0
     if spec and mtp is None:
         raise ValueError(f"mode '{mode}' needs an MTP module")
     K = draft_len if spec else 0
-    eos = torch.tensor(getattr(target, "eos_ids", []) if eos_ids is None else eos_ids, dtype=torch.long)
+    eos_set = set(getattr(target, "eos_ids", []) if eos_ids is None else eos_ids)
     B = len(prompts)
     lengths = torch.tensor([len(p) for p in prompts])
     max_len = int(lengths.max()) + max_new_tokens + K + 2
@@ -155,28 +159,26 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     catch_hidden, catch_count = hidden, lengths.clone()
 
     while True:
-        # -- record what this step emitted; find rows that are done
-        finished = []
-        for r in range(len(active)):
+        # -- record what this step emitted (one batched computation, then plain lists); find rows that are done
+        lp = p.gather(-1, step_tokens.clamp_min(0).unsqueeze(-1)).squeeze(-1).clamp_min(1e-30).log().tolist()
+        ent = entropy(p).tolist()
+        finished, before = [], stats.tokens
+        for r, (toks, n) in enumerate(zip(step_tokens.tolist(), (num_accepted + 1).tolist())):
             ro = out[int(active[r])]
-            n = int(num_accepted[r]) + 1
-            emitted = step_tokens[r, :n]
-            lp = p[r, torch.arange(n), emitted].clamp_min(1e-30).log()
-            ent = entropy(p[r, :n])
             for i in range(n):
-                tok = int(emitted[i])
-                ro.tokens.append(tok)
-                ro.logprobs.append(float(lp[i]))
-                ro.entropies.append(float(ent[i]))
+                ro.tokens.append(toks[i])
+                ro.logprobs.append(lp[r][i])
+                ro.entropies.append(ent[r][i])
                 stats.tokens += 1
-                stats.entropy_sum += float(ent[i])
-                bar.update(1)
-                if (eos == tok).any() or len(ro.tokens) >= max_new_tokens:
-                    ro.stop_reason = "eos" if (eos == tok).any() else "length"
+                stats.entropy_sum += ent[r][i]
+                if toks[i] in eos_set or len(ro.tokens) >= max_new_tokens:
+                    ro.stop_reason = "eos" if toks[i] in eos_set else "length"
                     finished.append(r)
                     break
+        bar.update(stats.tokens - before)
         if finished:
-            keep = torch.tensor([r for r in range(len(active)) if r not in set(finished)], dtype=torch.long)
+            done = set(finished)
+            keep = torch.tensor([r for r in range(len(active)) if r not in done], dtype=torch.long)
             if len(keep) == 0:
                 break
             active, gens = active[keep], [gens[int(r)] for r in keep]

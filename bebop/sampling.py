@@ -49,7 +49,7 @@ def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draw from each row of probs [..., V] with uniforms u [...] in [0, 1).
 
     Float64 cumsum; picks the first index whose CDF exceeds u * total, so a zero-probability token is never
-    chosen. A row that is all zero or NaN yields a valid index (0) instead of an out-of-vocabulary one."""
+    chosen. A row that is all zero or NaN still yields an index inside the vocabulary."""
     probs = torch.nan_to_num(probs.double(), nan=0.0).clamp_min_(0.0)
     cdf = probs.cumsum(-1)
     target = (u.double() * cdf[..., -1]).unsqueeze(-1)

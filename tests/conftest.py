@@ -1,0 +1,59 @@
+"""Shared, session-scoped models. The transformers models are returned too (test_models compares against
+them); SmolLM2 is loaded once per session because loading it costs seconds. Tests must not modify these
+models in place: build a copy (see `sharpened` in test_engine.py) when a test needs different weights."""
+
+import os
+
+import pytest
+import torch
+
+from bebop.models import registry
+from bebop.models.decoder import Decoder
+
+
+# The test models are small: one thread is about as fast as two, and on a shared 2-core machine two OpenMP
+# threads competing with another busy process run 10-20x slower (spinning barriers). BEBOP_TEST_THREADS overrides.
+torch.set_num_threads(int(os.environ.get("BEBOP_TEST_THREADS", "1")))
+
+
+def _build(name):
+    hf, tok = registry.load_hf(name)
+    decoder = Decoder.from_hf(hf)
+    decoder.name = name
+    decoder.eos_ids = registry.eos_ids(tok, hf.generation_config)  # as registry.load_model does
+    return hf, decoder, tok
+
+
+_LOADED = {}
+
+
+def loaded(name):
+    """(transformers model, Decoder, tokenizer) for a registry name, built once per session."""
+    if name not in _LOADED:
+        _LOADED[name] = _build(name)
+    return _LOADED[name]
+
+
+@pytest.fixture(scope="session")
+def load_models():
+    """The `loaded` function, as a fixture (test modules should not import conftest)."""
+    return loaded
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    """(Decoder, tokenizer) for tiny-llama."""
+    _, model, tok = loaded("tiny-llama")
+    return model, tok
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3():
+    _, model, tok = loaded("tiny-qwen3")
+    return model, tok
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    _, model, tok = loaded("smollm2-135m")
+    return model, tok

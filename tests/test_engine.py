@@ -1,0 +1,397 @@
+"""`bebop.engine.generate` end to end on the tiny random models (and SmolLM2 at temperature 0).
+
+A random tiny model is nearly uniform, which would hide sampling bugs, so the distribution tests use a
+sharpened copy (its LM head scaled up: entropy far below log V) and an MTP whose q is sharp and clearly unlike
+p. The exact distribution of the first three generated tokens is computed independently (one full forward
+per continuation), and every mode is checked against it and against plain sampling; deliberately broken
+engines must fail the same checks.
+"""
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chi2_contingency, chisquare
+
+import bebop.engine as engine
+import bebop.sampling as sampling
+from bebop.engine import generate
+from bebop.models.registry import chat_ids
+from bebop.mtp import new_mtp
+from bebop.sampling import SamplingParams, probabilities
+
+P_OK, P_BAD = 1e-3, 1e-6
+TEXTS = ["hello", "What is 2+2?", "Tell me a story about a cat who lived on a boat."]
+
+
+def sharpened(model, scale):
+    """A copy of `model` whose (untied) LM head is `scale` times the original: much lower entropy."""
+    m = copy.deepcopy(model)
+    head = torch.nn.Linear(m.cfg.dim, m.cfg.vocab_size, bias=False)
+    head.weight.data = model.lm_head.weight.detach().clone() * scale
+    m.lm_head = head.requires_grad_(False)
+    return m
+
+
+def agreeable_mtp(model, e=0.5, h=0.5, seed=0):
+    """An MTP whose input projection is e * I on the token embedding and h * I on the hidden state instead of
+    random: its drafts are sharp and, depending on the model, often right."""
+    mtp = new_mtp(model, seed)
+    d = model.cfg.dim
+    with torch.no_grad():
+        mtp.eh_proj.weight.zero_()
+        mtp.eh_proj.weight[:, :d] = e * torch.eye(d)
+        mtp.eh_proj.weight[:, d:] = h * torch.eye(d)
+    return mtp
+
+
+def token_matrix(gen):
+    return np.array([r.tokens for r in gen.rollouts])
+
+
+def gof(samples, probs, min_expected=5.0):
+    """Chi-square goodness of fit to exact probabilities, cells with small expectation merged."""
+    samples = np.asarray(samples)
+    counts = np.bincount(samples, minlength=len(probs)).astype(float)
+    assert counts[probs <= 0].sum() == 0, "sampled a token of probability zero"
+    expected = probs / probs.sum() * len(samples)
+    big = expected >= min_expected
+    o = np.append(counts[big], counts[~big].sum())
+    e = np.append(expected[big], expected[~big].sum())
+    keep = e > 0
+    return chisquare(o[keep], e[keep] * o[keep].sum() / e[keep].sum()).pvalue
+
+
+def two_sample(a, b, min_count=5):
+    """Chi-square two-sample test on the union of seen values, rare cells merged."""
+    a, b = np.asarray(a), np.asarray(b)
+    values = np.union1d(a, b)
+    ca = np.array([(a == v).sum() for v in values])
+    cb = np.array([(b == v).sum() for v in values])
+    big = (ca + cb) >= 2 * min_count
+    ca, cb = np.append(ca[big], ca[~big].sum()), np.append(cb[big], cb[~big].sum())
+    keep = (ca + cb) > 0
+    return chi2_contingency(np.stack([ca[keep], cb[keep]]))[1]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# exactness: the distribution of generated tokens is the target's, whatever the draft
+
+
+ROWS = 3000
+SHARP = SamplingParams(temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def sharp(tiny_llama):
+    """(sharpened model, MTP, prompt, exact marginals of tokens 0..2, ar generation)."""
+    model = sharpened(tiny_llama[0], 8.0)
+    mtp = agreeable_mtp(model)
+    prompt = tiny_llama[1]("Hi!", add_special_tokens=False)["input_ids"]
+    V = model.cfg.vocab_size
+    with torch.no_grad():
+        def next_probs(seqs):
+            return torch.cat([probabilities(model.logits(model.forward_full(c)[:, -1]), SHARP)
+                              for c in seqs.split(4096)]).double()
+        x0 = torch.tensor([prompt])
+        p0 = next_probs(x0)[0]
+        x1 = torch.cat([x0.expand(V, -1), torch.arange(V)[:, None]], 1)
+        p1 = next_probs(x1)  # [a, V]
+        a = torch.nonzero(p0 > 1e-7).flatten()  # the rest carries < 3e-5 of the mass
+        x2 = torch.cat([x1[a].repeat_interleave(V, 0), torch.arange(V).repeat(len(a))[:, None]], 1)
+        p2 = next_probs(x2).view(len(a), V, V)  # [a, b, V]
+        m2 = torch.einsum("ab,abv->v", p0[a, None] * p1[a], p2)
+    exact = [p0.numpy(), (p0 @ p1).numpy(), (m2 / m2.sum()).numpy()]
+    # sharp enough for the tests to have power: entropy of token 1 given token 0 far below log V
+    assert float((p0 * -torch.special.xlogy(p1, p1).sum(-1)).sum()) < 0.6 * math.log(V)
+    ar = generate(model, [prompt] * ROWS, 3, SHARP, mode="ar", seed=11, eos_ids=[])
+    return model, mtp, prompt, exact, ar
+
+
+def test_ar_matches_exact_distribution(sharp):
+    _, _, _, exact, ar = sharp
+    toks = token_matrix(ar)
+    for j in range(3):
+        assert gof(toks[:, j], exact[j]) > P_OK, f"ar token {j}"
+
+
+@pytest.mark.parametrize("mode", ["spec", "spec-greedy"])
+def test_spec_matches_exact_distribution_and_ar(sharp, mode):
+    model, mtp, prompt, exact, ar = sharp
+    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode=mode, mtp=mtp, draft_len=2, seed=12, eos_ids=[],
+                   trace=True)
+    # the case exercises both acceptance and rejection, with a draft clearly unlike the target
+    assert 0.2 < gen.stats.acceptance_rate < 0.9
+    assert gen.stats.per_position_acceptance[1] > 0.05
+    alpha = gen.trace["alpha"].mean()
+    assert alpha < 0.9
+    toks, ref = token_matrix(gen), token_matrix(ar)
+    for j in range(3):
+        assert gof(toks[:, j], exact[j]) > P_OK, f"{mode} token {j} vs exact"
+        assert two_sample(toks[:, j], ref[:, j]) > P_OK, f"{mode} token {j} vs ar"
+    pairs = lambda t: t[:, 1] * model.cfg.vocab_size + t[:, 2]  # noqa: E731
+    assert two_sample(pairs(toks), pairs(ref)) > P_OK, f"{mode} tokens (1, 2) vs ar"
+
+
+@pytest.mark.parametrize("mode", ["spec", "spec-greedy"])
+def test_exactness_check_catches_a_wrong_residual(sharp, mode, monkeypatch):
+    """An engine that resamples from p (not norm(max(p - q, 0))) after a rejection must fail the check."""
+    model, mtp, prompt, exact, _ = sharp
+    monkeypatch.setattr(sampling, "residual", lambda p, q: p)
+    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode=mode, mtp=mtp, draft_len=2, seed=13, eos_ids=[])
+    toks = token_matrix(gen)
+    assert min(gof(toks[:, j], exact[j]) for j in range(3)) < P_BAD
+
+
+def test_exactness_check_catches_unverified_drafts(sharp, monkeypatch):
+    """Emitting the drafts unverified (the draft's histogram) must differ from plain sampling."""
+    model, mtp, prompt, exact, ar = sharp
+
+    def accept_all(target_probs, draft_probs, draft_tokens, accept_u, final_u):
+        B, K = draft_tokens.shape
+        bonus = sampling.sample(target_probs[:, K], final_u)
+        return torch.cat([draft_tokens, bonus[:, None]], 1), torch.full((B,), K)
+
+    monkeypatch.setattr(engine, "rejection_sample_uniform", accept_all)
+    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode="spec", mtp=mtp, draft_len=2, seed=14, eos_ids=[])
+    toks, ref = token_matrix(gen), token_matrix(ar)
+    assert two_sample(toks[:, 1], ref[:, 1]) < P_BAD
+    assert gof(toks[:, 1], exact[1]) < P_BAD
+
+
+# ---------------------------------------------------------------------------------------------------------
+# temperature 0: token-for-token equal to plain greedy decoding
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
+def test_temperature_zero_equals_ar_tiny(name, request):
+    model, tok = request.getfixturevalue(name.replace("-", "_"))
+    prompts = [chat_ids(tok, t) for t in TEXTS]
+    greedy = SamplingParams(temperature=0)
+    ar = generate(model, prompts, 24, greedy, mode="ar", seed=0, eos_ids=[])
+    assert all(len(r.tokens) == 24 for r in ar.rollouts)
+    accepted = rejected = 0
+    for mtp in [new_mtp(model, 1), agreeable_mtp(model, 1.0, 0.0)]:
+        for mode in ["spec", "spec-greedy"]:
+            for K in [1, 3]:
+                gen = generate(model, prompts, 24, greedy, mode=mode, mtp=mtp, draft_len=K, seed=5, eos_ids=[])
+                for i, (a, b) in enumerate(zip(ar.rollouts, gen.rollouts)):
+                    assert b.tokens == a.tokens, f"{name} {mode} K={K} row {i}"
+                    assert b.logprobs == [0.0] * 24
+                accepted += gen.stats.accepted
+                rejected += gen.stats.drafted - gen.stats.accepted
+    assert accepted > 0 and rejected > 0  # both the multi-token and the correction path ran
+    if name == "tiny-qwen3":  # its greedy output is not degenerate: acceptance lengths vary
+        gen = generate(model, prompts, 24, greedy, mode="spec", mtp=agreeable_mtp(model, 1.0, 0.0), draft_len=3,
+                       seed=5, eos_ids=[])
+        ppa = gen.stats.per_position_acceptance
+        assert 0 < ppa[1] < ppa[0] < 1
+
+
+def test_temperature_zero_equals_ar_smollm2(smollm2):
+    model, tok = smollm2
+    prompts = [chat_ids(tok, t) for t in ["What is the capital of France?", "Write a haiku about the sea.",
+                                          "List three prime numbers, then explain why."]]
+    greedy = SamplingParams(temperature=0)
+    ar = generate(model, prompts, 24, greedy, mode="ar", seed=0, eos_ids=[])
+    assert tok.decode(ar.rollouts[0].tokens).lstrip().startswith("The capital of France is Paris")
+    mtp = new_mtp(model, 0)
+    for mode, n in [("spec", 24), ("spec-greedy", 12)]:  # (at temperature 0 they differ little: keep it short)
+        gen = generate(model, prompts, n, greedy, mode=mode, mtp=mtp, draft_len=3, seed=1, eos_ids=[])
+        for i, (a, b) in enumerate(zip(ar.rollouts, gen.rollouts)):
+            assert b.tokens == a.tokens[:n], f"{mode} row {i}: {tok.decode(b.tokens)!r} vs {tok.decode(a.tokens)!r}"
+        assert gen.stats.drafted == 3 * gen.stats.steps > 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# batch independence, stopping, statistics
+
+
+MODES = ["ar", "spec", "spec-greedy"]
+
+
+@pytest.fixture(scope="module")
+def warm(tiny_qwen3):
+    """tiny-qwen3 sharpened (entropy ~3.3 nats against log V = 5.6) with an MTP that is often right."""
+    model = sharpened(tiny_qwen3[0], 15.0)
+    return model, agreeable_mtp(model, 1.0, 0.0), tiny_qwen3[1]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rows_are_independent_of_the_batch(warm, mode):
+    model, mtp, tok = warm
+    texts = TEXTS + ["x", "Explain, in detail, how rejection sampling keeps the output distribution exact."]
+    prompts = [chat_ids(tok, t) for t in texts]
+    seeds = [101, 7, 55, 3, 1234]
+    kw = dict(params=SamplingParams(temperature=1.0), mode=mode, mtp=mtp, draft_len=3)
+    free = generate(model, prompts, 16, seed=seeds, eos_ids=[], **kw)
+    kw["eos_ids"] = np.argsort(np.bincount(token_matrix(free).ravel()))[-6:].tolist()  # rows stop at various steps
+    batch = generate(model, prompts, 16, seed=seeds, **kw)
+    assert len({len(r.tokens) for r in batch.rollouts}) > 1
+    for i, p in enumerate(prompts):
+        alone = generate(model, [p], 16, seed=[seeds[i]], **kw).rollouts[0]
+        b = batch.rollouts[i]
+        assert b.prompt_index == i
+        assert b.tokens == alone.tokens, f"row {i}"
+        assert b.stop_reason == alone.stop_reason
+        np.testing.assert_allclose(b.logprobs, alone.logprobs, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(b.entropies, alone.entropies, atol=1e-5, rtol=0)
+    # the same batch in another order: each row follows its seed, not its place
+    order = [3, 0, 4, 2, 1]
+    shuffled = generate(model, [prompts[j] for j in order], 16, seed=[seeds[j] for j in order], **kw)
+    for k, j in enumerate(order):
+        assert shuffled.rollouts[k].tokens == batch.rollouts[j].tokens
+    # and a different seed changes the output
+    other = generate(model, prompts, 16, seed=[s + 1 for s in seeds], **kw)
+    assert [r.tokens for r in other.rollouts] != [r.tokens for r in batch.rollouts]
+
+
+def check_stats(gen, K, spec):
+    st = gen.stats
+    lengths = sum(len(r.tokens) for r in gen.rollouts)
+    assert st.tokens == lengths
+    if not spec:
+        assert st.steps == st.drafted == st.accepted == 0 and st.per_position_acceptance == []
+        assert st.mean_acceptance_length is None and st.acceptance_rate is None
+        return
+    assert st.draft_len == K and len(st.per_position_acceptance) == K
+    assert st.drafted == K * st.steps
+    assert 0 <= st.accepted <= st.drafted and sum(st.accepted_at) == st.accepted
+    ppa = st.per_position_acceptance
+    assert all(0 <= a <= 1 for a in ppa) and all(x >= y for x, y in zip(ppa, ppa[1:]))
+    assert st.mean_acceptance_length == pytest.approx(1 + st.accepted / st.steps)
+    assert st.acceptance_rate == pytest.approx(st.accepted / st.drafted)
+    # each step emits 1 + accepted tokens (prefill adds one per row); truncation at EOS/limit only drops some
+    assert lengths <= len(gen.rollouts) + st.steps + st.accepted
+    s = st.summary()
+    assert s["tokens"] == lengths and s["steps"] == st.steps
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rows_stop_at_eos_and_length(warm, mode, monkeypatch):
+    model, mtp, tok = warm
+    prompts = [chat_ids(tok, t) for t in TEXTS] * 4
+    seed, K, limit = 3, 3, 14
+    kw = dict(params=SamplingParams(), mode=mode, mtp=mtp, draft_len=K, seed=seed)
+    free = generate(model, prompts, limit, eos_ids=[], **kw)
+    assert all(len(r.tokens) == limit and r.stop_reason == "length" for r in free.rollouts)
+    check_stats(free, K, mode != "ar")
+    counts = np.bincount(token_matrix(free).ravel())
+    eos = [int(counts.argmax()), int(np.argsort(counts)[-2])]  # two frequent tokens as EOS
+    stopped = generate(model, prompts, limit, eos_ids=eos, **kw)
+    check_stats(stopped, K, mode != "ar")
+    reasons = set()
+    for f, s in zip(free.rollouts, stopped.rollouts):
+        assert 1 <= len(s.tokens) <= limit
+        first = next((i for i, t in enumerate(f.tokens) if t in eos), None)
+        if first is None:
+            assert s.tokens == f.tokens and s.stop_reason == "length"
+        else:  # same seed: the same stream, cut right after the first EOS
+            assert s.tokens == f.tokens[:first + 1]
+            assert s.stop_reason == "eos"
+        assert len(s.logprobs) == len(s.entropies) == len(s.tokens)
+        reasons.add((s.stop_reason, len(s.tokens) < limit))
+    assert ("eos", True) in reasons and ("length", False) in reasons
+    # the model's own EOS list is the default
+    monkeypatch.setattr(model, "eos_ids", eos)
+    default = generate(model, prompts, limit, **kw)
+    assert [r.tokens for r in default.rollouts] == [r.tokens for r in stopped.rollouts]
+
+
+def test_argument_validation(warm):
+    model, mtp, tok = warm
+    prompt = [chat_ids(tok, "hi")]
+    with pytest.raises(ValueError):
+        generate(model, prompt, 4, mode="beam")
+    with pytest.raises(ValueError):
+        generate(model, prompt, 4, mode="spec")  # no MTP
+    with pytest.raises(ValueError):
+        generate(model, prompt, 4, mode="spec", mtp=mtp, draft_len=-1)
+    # draft length 0 is plain decoding
+    a = generate(model, prompt, 6, mode="spec", mtp=mtp, draft_len=0, seed=4, eos_ids=[])
+    b = generate(model, prompt, 6, mode="ar", seed=4, eos_ids=[])
+    assert a.rollouts[0].tokens == b.rollouts[0].tokens and a.stats.steps == 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# logprobs and trace
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.7, top_k=40, top_p=0.9)])
+def test_logprobs_match_an_independent_forward(warm, mode, params):
+    model, mtp, tok = warm
+    prompts = [chat_ids(tok, t) for t in TEXTS]
+    gen = generate(model, prompts, 12, params, mode=mode, mtp=mtp, draft_len=3, seed=21, eos_ids=[])
+    for prompt, r in zip(prompts, gen.rollouts):
+        seq = torch.tensor([prompt + r.tokens])
+        with torch.no_grad():
+            probs = probabilities(model.logits(model.forward_full(seq))[0], params).double()
+        n = len(prompt)
+        dist = probs[n - 1:n - 1 + len(r.tokens)]
+        p_tok = dist[torch.arange(len(r.tokens)), torch.tensor(r.tokens)]
+        assert (p_tok > 0).all(), "a token outside the sampling distribution's support was emitted"
+        np.testing.assert_allclose(r.logprobs, p_tok.log().numpy(), atol=1e-4, rtol=0)
+        ent = -torch.special.xlogy(dist, dist).sum(-1)
+        np.testing.assert_allclose(r.entropies, ent.numpy(), atol=1e-4, rtol=0)
+    if mode != "ar":
+        assert gen.stats.accepted > 0  # logprobs of accepted drafts were checked too
+
+
+@pytest.mark.parametrize("mode", ["spec", "spec-greedy"])
+def test_trace_columns(warm, mode):
+    model, mtp, tok = warm
+    prompts = [chat_ids(tok, t) for t in TEXTS] * 4
+    K = 3
+    gen = generate(model, prompts, 20, SamplingParams(), mode=mode, mtp=mtp, draft_len=K, seed=8, eos_ids=[],
+                   trace=True)
+    tr = gen.trace
+    cols = ["row", "depth", "accepted", "target_entropy", "draft_entropy", "alpha", "greedy_accept_prob",
+            "target_max_prob"]
+    assert set(cols) <= set(tr)
+    n = len(tr["row"])
+    assert n > 0 and all(len(tr[c]) == n for c in tr)
+    st = gen.stats
+    assert ((tr["row"] >= 0) & (tr["row"] < len(prompts))).all()
+    assert ((tr["depth"] >= 0) & (tr["depth"] < K)).all()
+    assert int(tr["accepted"].sum()) == st.accepted
+    assert int((tr["depth"] == 0).sum()) == st.steps  # every step examines its first draft
+    for d in range(K):
+        assert int((tr["accepted"] & (tr["depth"] == d)).sum()) == st.accepted_at[d]
+    eps = 1e-5
+    assert ((tr["alpha"] >= 0) & (tr["alpha"] <= 1 + eps)).all()
+    assert ((tr["greedy_accept_prob"] >= 0) & (tr["greedy_accept_prob"] <= tr["target_max_prob"] + eps)).all()
+    assert ((tr["target_max_prob"] > 0) & (tr["target_max_prob"] <= 1 + eps)).all()
+    V = model.cfg.vocab_size
+    for c in ["target_entropy", "draft_entropy"]:
+        assert ((tr[c] >= 0) & (tr[c] <= math.log(V) + eps)).all()
+    # a depth is examined only when every earlier depth of that step was accepted
+    for d in range(1, K):
+        assert int((tr["depth"] == d).sum()) == st.accepted_at[d - 1]
+    assert st.accepted_at[K - 1 if mode == "spec" else 1] > 0  # long chains were accepted sometimes
+    # without trace: nothing recorded
+    assert generate(model, prompts, 4, mode=mode, mtp=mtp, seed=8, eos_ids=[]).trace is None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# edge cases of the arguments (last in the file: they fail until the engine validates its input)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_zero_new_tokens_gives_no_tokens(warm, mode):
+    """max_new_tokens is a hard limit: 0 must produce empty rollouts (or be refused), never a token."""
+    model, mtp, tok = warm
+    try:
+        gen = generate(model, [chat_ids(tok, "hi")] * 2, 0, mode=mode, mtp=mtp, seed=0, eos_ids=[])
+    except ValueError:
+        return
+    assert [r.tokens for r in gen.rollouts] == [[], []]
+
+
+def test_empty_prompt_is_refused(warm):
+    """An empty prompt has no position to predict from; the engine must not silently continue padding."""
+    model, mtp, tok = warm
+    with pytest.raises(ValueError):
+        generate(model, [[], chat_ids(tok, "hi")], 3, seed=0, eos_ids=[])

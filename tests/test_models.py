@@ -1,0 +1,144 @@
+"""Our Decoder (built from a transformers model by `Decoder.from_hf`) against transformers itself: full-prompt
+logits through the KV cache, the same prompt fed in uneven chunks, and right-padded ragged batches whose rows
+sit at different positions -- the shapes the engine produces (prefill, then verify steps of K+1 tokens)."""
+
+import json
+
+import pytest
+import torch
+
+from bebop.errors import BebopError
+from bebop.models import registry
+from bebop.models.decoder import Decoder
+
+NAMES = ["tiny-llama", "tiny-qwen3", "smollm2-135m"]
+ATOL = 2e-3
+TEXTS = ["What is the capital of France?", "Hi", "Write a short poem about the sea, please, in three lines."]
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def trio(request, load_models):
+    return load_models(request.param)
+
+
+def hf_logits(hf, ids):
+    """transformers' fp32 logits [S, V] for one unpadded sequence."""
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].float()
+
+
+def check_close(ours, ref, what):
+    diff = (ours - ref).abs().max().item()
+    assert diff < ATOL, f"{what}: max |logit diff| {diff:.2e}"
+    mismatch = (ours.argmax(-1) != ref.argmax(-1)).nonzero().flatten().tolist()
+    assert not mismatch, f"{what}: argmax differs at positions {mismatch}"
+
+
+def test_load_hf_gives_model_and_tokenizer(trio):
+    hf, model, tok = trio
+    assert isinstance(model, Decoder)
+    assert hf.config.model_type in registry.SUPPORTED_TYPES
+    assert model.cfg.vocab_size == hf.config.vocab_size
+    assert next(hf.parameters()).dtype == torch.float32 and model.embed.weight.dtype == torch.float32
+    ids = registry.chat_ids(tok, TEXTS[0])
+    assert tok.decode(ids).count(TEXTS[0]) == 1  # the chat template wraps the message, tokens round-trip
+    assert model.eos_ids and all(0 <= e < model.cfg.vocab_size for e in model.eos_ids)
+    if model.cfg.tie_embeddings:
+        assert model.lm_head.weight is model.embed.weight
+    else:
+        torch.testing.assert_close(model.lm_head.weight, hf.lm_head.weight, rtol=0, atol=0)
+
+
+def test_cached_forward_matches_transformers(trio):
+    hf, model, tok = trio
+    ids = registry.chat_ids(tok, TEXTS[0])
+    ref = hf_logits(hf, ids)
+    cache = model.new_cache(1, len(ids) + 4)
+    hidden = model(torch.tensor([ids]), cache)
+    check_close(model.logits(hidden)[0], ref, "one cached forward")
+    # the uncached training path agrees too
+    check_close(model.logits(model.forward_full(torch.tensor([ids])))[0], ref, "forward_full")
+
+
+def test_chunked_prompt_through_kv_cache(trio):
+    hf, model, tok = trio
+    ids = registry.chat_ids(tok, TEXTS[2])
+    ref = hf_logits(hf, ids)
+    cache = model.new_cache(1, len(ids) + 8)
+    # garbage written past the committed length (a rejected draft) must be overwritten, never attended to
+    chunks, out, start = [5, 1, 7, 2, 3, 1, 11], [], 0
+    while start < len(ids):
+        n = chunks[len(out) % len(chunks)]
+        piece = ids[start:start + n]
+        junk = torch.randint(0, model.cfg.vocab_size, (1, 3), generator=torch.Generator().manual_seed(start))
+        model(torch.cat([torch.tensor([piece]), junk], 1), cache)  # a speculative forward, then rolled back
+        out.append(model.logits(model(torch.tensor([piece]), cache))[0])
+        cache.lengths += len(piece)
+        start += len(piece)
+    assert int(cache.lengths[0]) == len(ids)
+    check_close(torch.cat(out), ref, "chunked")
+
+
+def test_ragged_right_padded_batch(trio):
+    hf, model, tok = trio
+    seqs = [registry.chat_ids(tok, t) for t in TEXTS]
+    assert len({len(s) for s in seqs}) == len(seqs)
+    refs = [hf_logits(hf, s) for s in seqs]
+    B, L = len(seqs), max(map(len, seqs))
+    pad = torch.full((B, L), 7, dtype=torch.long)  # a real token as padding: it must not leak into any row
+    for i, s in enumerate(seqs):
+        pad[i, :len(s)] = torch.tensor(s)
+
+    # (a) one right-padded prefill
+    cache = model.new_cache(B, L + 4)
+    logits = model.logits(model(pad, cache))
+    for i, s in enumerate(seqs):
+        check_close(logits[i, :len(s)], refs[i], f"ragged prefill row {i}")
+
+    # (b) rows at different positions: a ragged prefill of a different-size prefix per row, then steps of
+    # 3 tokens per row (padded where a row has fewer left), each row advancing by its own count
+    cache = model.new_cache(B, L + 8)
+    first = [4, 9, 1]
+    got = [[] for _ in seqs]
+    prefix = torch.full((B, max(first)), 7, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        prefix[i, :first[i]] = torch.tensor(s[:first[i]])
+    lg = model.logits(model(prefix, cache))
+    for i in range(B):
+        got[i].append(lg[i, :first[i]])
+    cache.lengths = torch.tensor(first)
+    pos = list(first)
+    while any(p < len(s) for p, s in zip(pos, seqs)):
+        step = torch.full((B, 3), 7, dtype=torch.long)
+        take = [min(3, len(s) - p) for p, s in zip(pos, seqs)]
+        for i, s in enumerate(seqs):
+            if take[i]:
+                step[i, :take[i]] = torch.tensor(s[pos[i]:pos[i] + take[i]])
+        lg = model.logits(model(step, cache))
+        for i in range(B):
+            got[i].append(lg[i, :take[i]])
+            pos[i] += take[i]
+        cache.lengths += torch.tensor(take)
+    for i in range(B):
+        check_close(torch.cat(got[i]), refs[i], f"ragged chunked row {i}")
+
+
+def test_unknown_model_name():
+    with pytest.raises(BebopError, match="unknown model"):
+        registry.load_hf("no-such-model-xyz")
+    with pytest.raises(BebopError):
+        registry.load_model("no-such-model-xyz")
+
+
+def test_directory_without_config(tmp_path):
+    with pytest.raises(BebopError, match="config.json"):
+        registry.load_hf(str(tmp_path))
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 8)
+    with pytest.raises(BebopError):
+        registry.load_model(str(tmp_path))
+
+
+def test_directory_with_unsupported_model_type(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(BebopError, match="not supported"):
+        registry.load_hf(str(tmp_path))
