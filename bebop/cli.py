@@ -24,6 +24,7 @@ def add_model_args(p):
     p.add_argument("--model", default="smollm2-135m", help="registry name or local Hugging Face model directory")
     p.add_argument("--mtp", default=None, help="MTP checkpoint (NAME.safetensors + NAME.json); default: the "
                                                "committed one for smollm2-135m, else a seeded random MTP")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights and activations")
 
 
 def add_sampling_args(p, temperature=1.0):
@@ -53,7 +54,7 @@ def load(args, need_mtp=True):
     from bebop.models.registry import load_model
     from bebop.mtp import default_mtp, load_mtp
 
-    model, tok = load_model(args.model)
+    model, tok = load_model(args.model, dtype=getattr(args, "dtype", "float32"))
     mtp = None
     if need_mtp:
         mtp = load_mtp(args.mtp, model) if args.mtp else default_mtp(model)
@@ -102,7 +103,7 @@ def cmd_bench(args):
         raise BebopError(f"--repeats must be >= 1, got {args.repeats}")
     texts = load_prompts_file(args.prompts) if args.prompts else default_prompts(max(batch_sizes))
     model, tok, mtp = load(args, need_mtp=any(m.startswith("spec") for m in modes))
-    hf_model = load_hf(args.model)[0] if "hf" in modes else None
+    hf_model = load_hf(args.model)[0].to(model.embed.weight.dtype) if "hf" in modes else None
     prompts = [chat_ids(tok, t) for t in texts]
     results = run_bench(model, prompts, batch_sizes, modes, args.draft_len, params, args.max_new_tokens,
                         seed=args.seed, repeats=args.repeats, mtp=mtp, hf_model=hf_model, tokenizer=tok)
@@ -110,7 +111,8 @@ def cmd_bench(args):
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         mtp_name = None if mtp is None else (args.mtp or mtp.config.meta.get("name", "random"))
-        Path(args.json).write_text(json.dumps({"model": args.model, "mtp": mtp_name, "results": results}, indent=1))
+        Path(args.json).write_text(json.dumps({"model": args.model, "mtp": mtp_name, "dtype": args.dtype,
+                                               "results": results}, indent=1))
 
 
 def cmd_make_data(args):

@@ -70,30 +70,51 @@ def frequent_tokens(rows: list[dict], n: int, always=()) -> torch.Tensor:
 
 
 class TargetFeatures:
-    """The frozen target's last hidden states and log-normaliser for each sequence, computed once."""
+    """The frozen target's last hidden states and log-normaliser (at temperature T) for every sequence: one
+    target forward per sequence, computed up front and cached on disk (`cache_path`), so that every epoch,
+    every loss of a comparison and every resumed run reuses them."""
 
-    def __init__(self, target, rows, temperature, max_seq_len):
+    def __init__(self, target, rows, temperature, max_seq_len, cache_path=None, progress=False):
         self.target, self.T = target, temperature
         self.seqs = [torch.tensor((r["prompt_ids"] + r["completion_ids"])[:max_seq_len]) for r in rows]
         self.prompt_lens = [len(r["prompt_ids"]) for r in rows]
-        self.cache = {}
+        key = {"n": len(self.seqs), "tokens": sum(map(len, self.seqs)), "T": temperature, "L": max_seq_len,
+               "model": getattr(target, "name", None), "dim": target.cfg.dim}
+        if cache_path is not None and Path(cache_path).exists():
+            saved = torch.load(cache_path, weights_only=False)
+            if saved["key"] == key:
+                self.hidden, self.lse = saved["hidden"], saved["lse"]
+                return
+        self.hidden, self.lse = self.compute(progress)
+        if cache_path is not None:
+            tmp = Path(str(cache_path) + ".tmp")
+            torch.save({"key": key, "hidden": self.hidden, "lse": self.lse}, tmp)
+            tmp.replace(cache_path)
 
     @torch.no_grad()
-    def get(self, idx: list[int]):
-        missing = [i for i in idx if i not in self.cache]
-        for chunk in range(0, len(missing), 8):
-            part = missing[chunk:chunk + 8]
+    def compute(self, progress, chunk=8):
+        hidden, lse = [], []
+        order = sorted(range(len(self.seqs)), key=lambda i: len(self.seqs[i]))  # similar lengths: less padding
+        out = {}
+        for start in tqdm(range(0, len(order), chunk), desc="target features", disable=not progress):
+            part = order[start:start + chunk]
             tokens, lens = pad([self.seqs[i] for i in part])
-            hidden = self.target.forward_full(tokens)
-            lse = (self.target.logits(hidden) / self.T).logsumexp(-1)
+            h = self.target.forward_full(tokens)
+            l = (self.target.logits(h) / self.T).logsumexp(-1)
             for j, i in enumerate(part):
-                self.cache[i] = (hidden[j, :lens[j]].clone(), lse[j, :lens[j]].clone())
+                out[i] = (h[j, :lens[j]].clone(), l[j, :lens[j]].clone())
+        for i in range(len(self.seqs)):
+            hidden.append(out[i][0])
+            lse.append(out[i][1])
+        return hidden, lse
+
+    def get(self, idx: list[int]):
+        """A right-padded batch: tokens, lengths, prompt lengths, hidden [B, S, d], lse [B, S]."""
         tokens, lens = pad([self.seqs[i] for i in idx])
         hidden = torch.zeros(len(idx), tokens.shape[1], self.target.cfg.dim)
         lse = torch.zeros(len(idx), tokens.shape[1])
         for j, i in enumerate(idx):
-            h, l = self.cache[i]
-            hidden[j, :len(h)], lse[j, :len(l)] = h, l
+            hidden[j, :lens[j]], lse[j, :lens[j]] = self.hidden[i], self.lse[i]
         return tokens, lens, torch.tensor([self.prompt_lens[i] for i in idx]), hidden, lse
 
 
@@ -223,8 +244,12 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
         if metrics_path.exists():  # drop rows logged after the checkpoint: they are about to be redone
             rows = [r for r in metrics_path.read_text().splitlines() if json.loads(r)["step"] <= start_step]
             metrics_path.write_text("".join(r + "\n" for r in rows))
-    train_feats = TargetFeatures(target, train_rows, T, cfg.max_seq_len)
-    eval_feats = TargetFeatures(target, heldout_rows[:cfg.eval_sequences], T, cfg.max_seq_len)
+    def features(rows, split):
+        name = f"features-{split}-{getattr(target, 'name', 'model')}-T{T:g}-L{cfg.max_seq_len}.pt".replace("/", "_")
+        return TargetFeatures(target, rows, T, cfg.max_seq_len, Path(data_dir) / name, progress=progress)
+
+    train_feats = features(train_rows, "train")
+    eval_feats = features(heldout_rows[:cfg.eval_sequences], f"heldout{cfg.eval_sequences}")
     provenance = {"loss": cfg.loss, "draft_len": cfg.draft_len, "data": str(data_dir), "temperature": T,
                   "train_sequences": len(train_rows), "config": asdict(cfg), "command": command,
                   "init": init, "name": Path(out).name}

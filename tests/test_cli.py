@@ -34,9 +34,9 @@ def test_generate_writes_jsonl(tmp_path, capsys):
 def test_bench_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
     main(["bench", "--model", "tiny-qwen3", "--batch-sizes", "1,2", "--modes", "ar,spec,spec-greedy,hf",
-          "--draft-len", "2", "--max-new-tokens", "6", "--repeats", "1", "--json", str(out)])
+          "--draft-len", "2", "--max-new-tokens", "6", "--repeats", "1", "--dtype", "bfloat16", "--json", str(out)])
     report = json.loads(out.read_text())
-    assert report["model"] == "tiny-qwen3"
+    assert report["model"] == "tiny-qwen3" and report["dtype"] == "bfloat16"
     rows = report["results"]
     assert {(r["mode"], r["batch_size"]) for r in rows} == {(m, b) for m in ("ar", "spec", "spec-greedy", "hf")
                                                            for b in (1, 2)}
