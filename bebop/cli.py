@@ -22,8 +22,8 @@ def int_list(text: str) -> list[int]:
 
 def add_model_args(p):
     p.add_argument("--model", default="smollm2-135m", help="registry name or local Hugging Face model directory")
-    p.add_argument("--mtp", default=None, help="MTP checkpoint (NAME.safetensors + NAME.json); default: the "
-                                               "committed one for smollm2-135m, else a seeded random MTP")
+    p.add_argument("--mtp", default=None, help="MTP checkpoint (NAME.safetensors + NAME.json) or 'random'; default: "
+                                               "the committed one for smollm2-135m, else a seeded random MTP")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights and activations")
 
 
@@ -49,15 +49,22 @@ def sampling_params(args):
         raise BebopError(str(e)) from None
 
 
+def pick_mtp(spec: str | None, model):
+    """--mtp: a checkpoint path, 'random' (seeded fresh MTP), or None (the model's default)."""
+    from bebop.mtp import default_mtp, load_mtp, new_mtp
+
+    if spec == "random":
+        return new_mtp(model)
+    return load_mtp(spec, model) if spec else default_mtp(model)
+
+
 def load(args, need_mtp=True):
     """(model, tokenizer, mtp) from --model / --mtp."""
     from bebop.models.registry import load_model
-    from bebop.mtp import default_mtp, load_mtp
-
     model, tok = load_model(args.model, dtype=getattr(args, "dtype", "float32"))
     mtp = None
     if need_mtp:
-        mtp = load_mtp(args.mtp, model) if args.mtp else default_mtp(model)
+        mtp = pick_mtp(args.mtp, model)
     return model, tok, mtp
 
 
@@ -188,7 +195,6 @@ def cmd_compare_losses(args):
 def cmd_analyze_entropy(args):
     from bebop.analysis.entropy import collect, summarize, write_report
     from bebop.models.registry import chat_ids, load_model
-    from bebop.mtp import default_mtp, load_mtp
     from bebop.tasks import default_prompts, load_prompts_file
 
     temperatures = float_list(args.temperatures)
@@ -199,7 +205,7 @@ def cmd_analyze_entropy(args):
     parts = []
     for path, label in policies:
         model, tok = load_model(path)
-        mtp = load_mtp(args.mtp, model) if args.mtp else default_mtp(model)
+        mtp = pick_mtp(args.mtp, model)
         prompts = [chat_ids(tok, t) for t in texts]
         parts.append(collect(model, mtp, prompts, temperatures, args.draft_len, args.max_new_tokens,
                              seed=args.seed, policy=label))
