@@ -10,13 +10,14 @@ from bebop.errors import BebopError
 MODES = ("ar", "spec", "spec-greedy")
 
 
-def int_list(text: str) -> list[int]:
+def number_list(text: str, kind=int, minimum=1) -> list:
+    """'1,4,16' -> [1, 4, 16]; every value must be a `kind` >= minimum."""
     try:
-        values = [int(x) for x in text.split(",") if x.strip()]
+        values = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise BebopError(f"expected comma-separated integers, got '{text}'") from None
-    if not values or min(values) < 1:
-        raise BebopError(f"expected positive integers, got '{text}'")
+        raise BebopError(f"expected comma-separated {kind.__name__} values, got '{text}'") from None
+    if not values or min(values) < minimum:
+        raise BebopError(f"expected values >= {minimum}, got '{text}'")
     return values
 
 
@@ -101,7 +102,7 @@ def cmd_bench(args):
     from bebop.tasks import default_prompts, load_prompts_file
 
     params = sampling_params(args)
-    batch_sizes = int_list(args.batch_sizes)
+    batch_sizes = number_list(args.batch_sizes)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in (*ENGINE_MODES, "hf")]
     if bad or not modes:
@@ -164,16 +165,6 @@ def cmd_train_mtp(args):
     print(f"wrote {args.out}.safetensors and {args.out}.json", file=sys.stderr)
 
 
-def float_list(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise BebopError(f"expected comma-separated numbers, got '{text}'") from None
-    if not values or min(values) < 0:
-        raise BebopError(f"expected non-negative numbers, got '{text}'")
-    return values
-
-
 def cmd_compare_losses(args):
     from bebop.compare import compare_losses
     from bebop.models.registry import load_model
@@ -185,7 +176,7 @@ def cmd_compare_losses(args):
         raise BebopError(f"unknown loss(es) {bad or names}: choose from {', '.join(LOSSES)}")
     args.loss = names[0]
     cfg = train_config(args)
-    temperatures = float_list(args.temperatures)
+    temperatures = number_list(args.temperatures, float, 0)
     model, _ = load_model(args.model)
     compare_losses(model, args.data, names, cfg, args.out, temperatures=temperatures,
                    eval_prompts=args.eval_samples, eval_new_tokens=args.eval_new_tokens, seed=args.seed)
@@ -197,7 +188,7 @@ def cmd_analyze_entropy(args):
     from bebop.models.registry import chat_ids, load_model
     from bebop.tasks import default_prompts, load_prompts_file
 
-    temperatures = float_list(args.temperatures)
+    temperatures = number_list(args.temperatures, float, 0)
     if args.draft_len < 1:
         raise BebopError(f"--draft-len must be >= 1, got {args.draft_len}")
     texts = load_prompts_file(args.prompts) if args.prompts else default_prompts(args.num_prompts)

@@ -61,7 +61,7 @@ def test_bad_input_is_one_clear_line(tmp_path, capsys):
     other, _ = load_model("tiny-qwen3")
     new_mtp(other).save(tmp_path / "qwen-mtp")
     assert "does not fit" in run_error(capsys, base + ["--mtp", str(tmp_path / "qwen-mtp")])
-    assert "positive integers" in run_error(capsys, ["bench", "--model", "tiny-llama", "--batch-sizes", "0"])
+    assert "values >= 1" in run_error(capsys, ["bench", "--model", "tiny-llama", "--batch-sizes", "0"])
     assert "unknown mode" in run_error(capsys, ["bench", "--model", "tiny-llama", "--modes", "ar,fast"])
     assert "no meta.json" in run_error(capsys, ["train-mtp", "--model", "tiny-llama", "--data", str(tmp_path),
                                                   "--out", str(tmp_path / "m")])
