@@ -32,12 +32,19 @@ def compare_losses(target, data_dir, loss_names, cfg: TrainConfig, out_dir, temp
     out.mkdir(parents=True, exist_ok=True)
     prompts = [r["prompt_ids"] for r in load_split(data_dir, "heldout")[:eval_prompts]]
     results = []
+    settings = {"temperatures": list(temperatures), "prompts": len(prompts), "new_tokens": eval_new_tokens,
+                "seed": seed, "config": vars(cfg)}
     for name in loss_names:
         ckpt = out / f"mtp-{name}"
         train_mtp(target, data_dir, ckpt, replace(cfg, loss=name), resume=True)
-        mtp = load_mtp(ckpt, target)
-        for row in evaluate_mtp(target, mtp, prompts, temperatures, cfg.draft_len, eval_new_tokens, seed):
-            results.append({"loss": name, **row})
+        done = out / f"eval-{name}.json"  # evaluations are kept too, so a rerun only does what is missing
+        saved = json.loads(done.read_text()) if done.exists() else {}
+        if saved.get("settings") != {**settings, "config": vars(replace(cfg, loss=name))}:
+            rows = evaluate_mtp(target, load_mtp(ckpt, target), prompts, temperatures, cfg.draft_len,
+                                eval_new_tokens, seed)
+            saved = {"settings": {**settings, "config": vars(replace(cfg, loss=name))}, "rows": rows}
+            done.write_text(json.dumps(saved))
+        results += [{"loss": name, **row} for row in saved["rows"]]
     report = {"data": str(data_dir), "config": vars(cfg), "temperatures": list(temperatures),
               "eval_prompts": len(prompts), "eval_new_tokens": eval_new_tokens, "results": results}
     (out / "compare.json").write_text(json.dumps(report, indent=1))
