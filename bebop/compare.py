@@ -31,7 +31,7 @@ def compare_losses(target, data_dir, loss_names, cfg: TrainConfig, out_dir, temp
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prompts = [r["prompt_ids"] for r in load_split(data_dir, "heldout")[:eval_prompts]]
-    results = []
+    results, teacher_forced = [], {}
     settings = {"temperatures": list(temperatures), "prompts": len(prompts), "new_tokens": eval_new_tokens,
                 "seed": seed, "config": vars(cfg)}
     for name in loss_names:
@@ -45,12 +45,22 @@ def compare_losses(target, data_dir, loss_names, cfg: TrainConfig, out_dir, temp
             saved = {"settings": {**settings, "config": vars(replace(cfg, loss=name))}, "rows": rows}
             done.write_text(json.dumps(saved))
         results += [{"loss": name, **row} for row in saved["rows"]]
+        teacher_forced[name] = last_heldout_eval(ckpt)
     report = {"data": str(data_dir), "config": vars(cfg), "temperatures": list(temperatures),
-              "eval_prompts": len(prompts), "eval_new_tokens": eval_new_tokens, "results": results}
+              "eval_prompts": len(prompts), "eval_new_tokens": eval_new_tokens, "results": results,
+              "teacher_forced": teacher_forced}
     (out / "compare.json").write_text(json.dumps(report, indent=1))
     (out / "compare.md").write_text(markdown(report))
     plot(report, out / "compare.png")
     return report
+
+
+def last_heldout_eval(ckpt) -> dict:
+    """The training run's final teacher-forced held-out evaluation: expected acceptance per depth and E[A]
+    from the full p and q (no sampling noise), at the training temperature."""
+    rows = [json.loads(x) for x in Path(f"{ckpt}.metrics.jsonl").read_text().splitlines()]
+    last = [r for r in rows if "heldout_alpha" in r][-1]
+    return {"step": last["step"], "alpha": last["heldout_alpha"], "expected_accepted": last["heldout_expected_accepted"]}
 
 
 def markdown(report) -> str:
@@ -65,6 +75,12 @@ def markdown(report) -> str:
         ppa = ", ".join(f"{x:.3f}" for x in r["per_position_acceptance"])
         lines.append(f"| {r['loss']} | {r['temperature']:g} | {r['mode']} | {r['acceptance_rate']:.3f} | "
                      f"{r['mean_acceptance_length']:.3f} | {ppa} | {r['mean_entropy']:.2f} |")
+    lines += ["", "Teacher-forced on held-out sequences at the training temperature (exact expected acceptance from "
+              "p and q at every position, no sampling noise):", "",
+              "| loss | alpha per depth | E[accepted drafts] | mean acceptance length (1 + E[A]) |", "|---|---|---|---|"]
+    for name, tf in report["teacher_forced"].items():
+        lines.append(f"| {name} | {', '.join(f'{a:.3f}' for a in tf['alpha'])} | {tf['expected_accepted']:.3f} | "
+                     f"{1 + tf['expected_accepted']:.3f} |")
     lines += ["", "![acceptance per loss and temperature](compare.png)", ""]
     return "\n".join(lines)
 

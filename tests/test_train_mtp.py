@@ -99,6 +99,8 @@ def test_commands_end_to_end(tmp_path, capsys):
     report = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     keys = {(r["loss"], r["temperature"], r["mode"]) for r in report["results"]}
     assert keys == {(l, t, m) for l in ("ce", "e2e-tv", "kl+e2e-tv") for t in (0.6, 1.2) for m in ("spec", "spec-greedy")}
+    assert set(report["teacher_forced"]) == {"ce", "e2e-tv", "kl+e2e-tv"}
+    assert all(len(tf["alpha"]) == 2 for tf in report["teacher_forced"].values())
     assert (tmp_path / "cmp" / "compare.png").stat().st_size > 1000
     assert "| e2e-tv | 1.2 | spec |" in (tmp_path / "cmp" / "compare.md").read_text()
     main(["analyze", "entropy", "--model", "tiny-qwen3", "--mtp", str(tmp_path / "mtp"), "--temperatures",
