@@ -207,8 +207,8 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
         step_tokens, num_accepted = rejection_sample_uniform(p, verify_q, drafts, u[:, K:2 * K], u[:, 2 * K])
         # -- 4. commit
         cache.lengths += num_accepted + 1
-        stats.steps += n_rows
-        if spec:
+        if spec:  # plain decoding makes no speculative steps
+            stats.steps += n_rows
             stats.drafted += K * n_rows
             stats.accepted += int(num_accepted.sum())
             for i in range(K):
@@ -222,8 +222,6 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
                                "accepted": num_accepted[r_idx] > d_idx,
                                **{k: v[r_idx, d_idx] for k, v in ts.items()}})
     bar.close()
-    if not spec:
-        stats.steps = 0  # plain decoding makes no speculative steps
     table = None
     if trace and traced:
         table = {k: torch.cat([t[k] for t in traced]).numpy() for k in traced[0]}
