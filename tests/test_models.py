@@ -9,7 +9,7 @@ import torch
 
 from bebop.errors import BebopError
 from bebop.models import registry
-from bebop.models.decoder import Decoder
+from bebop.models.decoder import ATTENTION_KINDS, DECODE_MAX_T, Decoder, matmul_attention
 
 NAMES = ["tiny-llama", "tiny-qwen3", "smollm2-135m"]
 ATOL = 2e-3
@@ -79,8 +79,10 @@ def test_chunked_prompt_through_kv_cache(trio):
     check_close(torch.cat(out), ref, "chunked")
 
 
-def test_ragged_right_padded_batch(trio):
+@pytest.mark.parametrize("attention", ATTENTION_KINDS)
+def test_ragged_right_padded_batch(trio, attention, monkeypatch):
     hf, model, tok = trio
+    monkeypatch.setattr(model, "attention", attention)  # steps of 3 tokens take the chosen decode kernel
     seqs = [registry.chat_ids(tok, t) for t in TEXTS]
     assert len({len(s) for s in seqs}) == len(seqs)
     refs = [hf_logits(hf, s) for s in seqs]
@@ -121,6 +123,36 @@ def test_ragged_right_padded_batch(trio):
         cache.lengths += torch.tensor(take)
     for i in range(B):
         check_close(torch.cat(got[i]), refs[i], f"ragged chunked row {i}")
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-2)])
+def test_matmul_attention_equals_sdpa(dtype, atol):
+    """The decode kernel computes SDPA's function: random GQA inputs, ragged rows (each its own cache length,
+    stale values past it), the causal bias that step_positions builds; both against an fp64 reference."""
+    from bebop.models.decoder import KVCache, step_positions
+
+    g = torch.Generator().manual_seed(3)
+    B, H, Hkv, D, L = 5, 8, 2, 16, 40
+    for T in (1, 4, DECODE_MAX_T):
+        cache = KVCache(1, B, Hkv, L, D, dtype)
+        cache.k.normal_(generator=g)
+        cache.v.normal_(generator=g)
+        cache.lengths = torch.randint(0, L - T, (B,), generator=g)
+        positions, bias = step_positions(cache, T)
+        S = bias.shape[-1]
+        assert S == int(cache.lengths.max()) + T and bias.dtype == dtype
+        q = (3 * torch.randn(B, H, T, D, generator=g)).to(dtype)  # peaked softmaxes, as trained models have
+        k, v = cache.k[0, :, :, :S], cache.v[0, :, :, :S]
+        ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                               attn_mask=bias.double(), enable_gqa=True)
+        sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+        ours = matmul_attention(q, k, v, bias)
+        assert ours.dtype == dtype and ours.shape == (B, H, T, D)
+        torch.testing.assert_close(ours.double(), ref, rtol=0, atol=atol)
+        torch.testing.assert_close(ours.double(), sdpa.double(), rtol=0, atol=2 * atol)
+        # entries past a row's positions are never attended: changing them changes nothing
+        cache.v[0, 0, :, int(positions[0, -1]) + 1:] = 1e4
+        torch.testing.assert_close(matmul_attention(q, k, cache.v[0, :, :, :S], bias), ours, rtol=0, atol=0)
 
 
 def test_unknown_model_name():

@@ -131,25 +131,55 @@ class Block(nn.Module):
         gate, up = self.w13(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.w2(F.silu(gate) * up)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, positions, mask):
+    def forward(self, x, cos, sin, k_cache, v_cache, positions, bias, attention="sdpa"):
         """x [B, T, dim] at `positions` [B, T]; writes this step's k/v into the row's cache slots first,
-        then attends over the cache prefix allowed by `mask` [B, 1, T, S]."""
+        then attends over the cache prefix allowed by the additive `bias` [B, 1, T, S] (0 or -inf).
+        `attention` ("sdpa" or "matmul") picks the kernel for few new tokens (see DECODE_MAX_T)."""
         q, k, v = self.qkv(x, cos, sin)
-        rows = torch.arange(x.shape[0]).unsqueeze(1)
-        k_cache[rows, :, positions] = k.transpose(1, 2)
+        rows = torch.arange(x.shape[0], device=x.device).unsqueeze(1)
+        k_cache[rows, :, positions] = k.transpose(1, 2)  # index_put: measured no slower than scatter/index_copy
         v_cache[rows, :, positions] = v.transpose(1, 2)
-        S = mask.shape[-1]
-        attn = F.scaled_dot_product_attention(q, k_cache[:, :, :S], v_cache[:, :, :S], attn_mask=mask,
-                                              enable_gqa=True)
+        S = bias.shape[-1]
+        k, v = k_cache[:, :, :S], v_cache[:, :, :S]
+        if attention == "matmul" and x.shape[1] <= DECODE_MAX_T:
+            attn = matmul_attention(q, k, v, bias)
+        else:
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
         return self.finish(x, attn)
 
 
+# Which attention kernel is faster for a few new tokens per row depends on the CPU (on one Intel Xeon with AMX,
+# SDPA's fused kernel beat bf16 matrix products 2-3x; on an AMD EPYC the reverse, 85 -> 37 ms per forward at
+# batch 16), so the choice is measured per machine (bebop.models.dtype). Above this many new tokens (prompts)
+# SDPA's fused kernel won everywhere we measured: it never materialises the [T, S] scores.
+DECODE_MAX_T = 8
+ATTENTION_KINDS = ("sdpa", "matmul")
+
+
+def matmul_attention(q, k, v, bias):
+    """softmax(q k^T / sqrt(D) + bias) v as two plain matrix products. q [B, H, T, D]; k, v [B, Hkv, S, D];
+    bias [B, 1, T, S]. GQA without repeating K/V: the `group` query heads sharing a KV head are stacked along
+    the token axis ([B, Hkv, group*T, D]). Scores are scaled, biased and softmaxed in fp32; in bf16 the
+    products themselves come out rounded to bf16 (CPU matmuls have no bf16 -> fp32 output), so this kernel is
+    a little less precise than SDPA's there (tests/test_models.py bounds both against fp64)."""
+    B, H, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    group = H // Hkv
+    scores = (q.reshape(B, Hkv, group * T, D) @ k.transpose(-1, -2)).float().view(B, Hkv, group, T, S)
+    probs = (scores * D ** -0.5 + bias.unsqueeze(2)).softmax(-1)
+    return (probs.to(v.dtype).view(B, Hkv, group * T, S) @ v).view(B, H, T, D)
+
+
 def step_positions(cache: KVCache, T: int):
-    """Positions [B, T] of T new tokens per row, and the causal mask [B, 1, T, S] over the cache."""
-    positions = cache.lengths.unsqueeze(1) + torch.arange(T)
+    """Positions [B, T] of T new tokens per row, and the additive causal bias [B, 1, T, S] over the cache
+    (0 where a row may attend, -inf elsewhere), built once per forward in the cache's dtype (every layer and
+    both attention kernels take it as is)."""
+    device = cache.lengths.device
+    positions = cache.lengths.unsqueeze(1) + torch.arange(T, device=device)
     S = int(positions.max()) + 1
-    mask = torch.arange(S).view(1, 1, 1, S) <= positions.view(-1, 1, T, 1)
-    return positions, mask
+    allowed = torch.arange(S, device=device).view(1, 1, 1, S) <= positions.view(-1, 1, T, 1)
+    bias = torch.zeros(allowed.shape, dtype=cache.k.dtype, device=device).masked_fill_(~allowed, float("-inf"))
+    return positions, bias
 
 
 class Decoder(nn.Module):
@@ -165,6 +195,7 @@ class Decoder(nn.Module):
         cos, sin = rope_tables(cfg, max_len)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.attention = "sdpa"  # decode attention kernel, one of ATTENTION_KINDS; chosen per machine at load
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         if max_len > self.rope_cos.shape[0]:
@@ -180,11 +211,11 @@ class Decoder(nn.Module):
         """Run T new tokens per row [B, T] after each row's cached prefix. Returns the last layer's hidden
         states [B, T, dim] before the final norm (what an MTP module consumes); the cache lengths are NOT
         advanced: the caller commits as many positions per row as it keeps."""
-        positions, mask = step_positions(cache, tokens.shape[1])
+        positions, bias = step_positions(cache, tokens.shape[1])
         cos, sin = self.rope(positions)
         x = self.embed(tokens)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.k[i], cache.v[i], positions, mask)
+            x = layer(x, cos, sin, cache.k[i], cache.v[i], positions, bias, self.attention)
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
