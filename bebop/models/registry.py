@@ -17,6 +17,8 @@ from safetensors.torch import save_file
 
 from bebop.errors import BebopError
 from bebop.models.decoder import Decoder
+from bebop.models import dtype as auto_dtype
+from bebop.models.dtype import DTYPES
 
 DEFAULT_MODEL = "smollm2-135m"
 CHATML_TEMPLATE = (
@@ -136,19 +138,27 @@ def load_hf(name: str):
     raise BebopError(f"unknown model '{name}': use one of {', '.join(model_names())} or a local model directory")
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
 def load_model(name: str, max_len: int = 4096, dtype: str = "float32"):
     """(Decoder, tokenizer). The transformers model is only a weight source and is dropped. bfloat16 halves
-    the weight traffic and lets the CPU's matrix units work on multi-token (verification, batched) forwards."""
-    if dtype not in DTYPES:
-        raise BebopError(f"unknown dtype '{dtype}' (choose from {', '.join(DTYPES)})")
+    the weight traffic and lets the CPU's matrix units work on multi-token (verification, batched) forwards;
+    "auto" measures whether it pays on this machine (bebop.models.dtype), once per machine and model."""
+    if dtype not in (*DTYPES, "auto"):
+        raise BebopError(f"unknown dtype '{dtype}' (choose from auto, {', '.join(DTYPES)})")
     hf, tok = load_hf(name)
     try:
-        decoder = Decoder.from_hf(hf, max_len=max_len).to(DTYPES[dtype])
+        decoder = Decoder.from_hf(hf, max_len=max_len)
     except ValueError as e:
         raise BebopError(f"cannot load '{name}': {e}") from None
+    probe_name = name if name in model_names() else str(Path(name).resolve())
+    if dtype == "auto" and name in TINY:
+        dtype = "float32"  # the seeded test models: not worth a probe, and tests stay fast and exact
+    elif dtype == "auto":
+        choice = auto_dtype.choose(decoder, probe_name, cache_dir())
+        dtype, decoder.attention = choice["dtype"], choice["attention"]
+    else:  # a forced dtype still gets the faster decode kernel if this machine was probed
+        known = auto_dtype.read_cache(cache_dir()).get(auto_dtype.probe_key(probe_name, decoder.embed.weight.device))
+        decoder.attention = known["attention_for"][dtype] if known else decoder.attention
+    decoder = decoder.to(DTYPES[dtype])
     decoder.name = name
     decoder.eos_ids = eos_ids(tok, hf.generation_config)
     return decoder, tok

@@ -1,0 +1,114 @@
+"""`--dtype auto`: run the model in bfloat16 where this machine runs it faster than float32, else float32.
+
+Whether bf16 pays depends on the CPU (the same model decoded 2x faster in bf16 on an AMD EPYC with avx512_bf16
+and 1.4x slower on an Intel Xeon with AMX), and so does the faster decode attention kernel (decoder.py), so
+both are measured: a few interleaved forwards of the actual model, per (dtype, attention kernel), at batch 1
+and a larger batch. The answer is cached in the bebop cache dir, keyed by everything that changes it: CPU
+model, torch version, model name, thread count (and the accelerator's name when the model is on one).
+Only the model runs in bf16: sampling distributions are computed in fp32 (model.logits, bebop.sampling).
+"""
+
+import copy
+import json
+import math
+import platform
+import statistics
+import time
+
+import torch
+from tqdm import tqdm
+
+from bebop.models.decoder import ATTENTION_KINDS, Decoder
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+CACHE_FILE = "dtype-probe.json"
+# (batch, new tokens per row) of the probe: plain decoding alone and batched, and a K=3 verification step
+SHAPES = ((1, 1), (8, 1), (8, 4))
+PREFIX = 128  # cached tokens per row the probe attends over
+REPEATS = 2
+BF16_MARGIN = 0.95  # bf16 must be at least 5% faster: fp32's precision is worth a little speed
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo's "model name", as `lscpu` shows it), else platform's answer."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def probe_key(model_name: str, device: torch.device) -> str:
+    where = cpu_model() if device.type == "cpu" else f"{device.type}:{torch.cuda.get_device_name(device)}" \
+        if device.type == "cuda" else device.type
+    return f"{where} | torch {torch.__version__} | {model_name} | {torch.get_num_threads()} threads"
+
+
+def time_forward(model: Decoder, batch: int, new_tokens: int) -> float:
+    """Seconds of one forward of `new_tokens` tokens per row after PREFIX cached ones (what a decode or
+    verification step costs)."""
+    device = model.embed.weight.device
+    cache = model.new_cache(batch, PREFIX + new_tokens)
+    cache.lengths[:] = PREFIX
+    tokens = torch.randint(0, model.cfg.vocab_size, (batch, new_tokens), generator=torch.Generator().manual_seed(0))
+    tokens = tokens.to(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    model(tokens, cache)
+    sync()
+    return time.perf_counter() - start
+
+
+def probe(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPEATS) -> dict:
+    """Time every (dtype, attention kernel) on every shape, interleaved (each repetition runs every config in a
+    rotated order, after one warm-up each), and pick the config with the smallest geometric-mean time.
+    bf16 must beat fp32's best by BF16_MARGIN. Returns {"dtype", "attention", "ms": {config: [ms per shape]}}."""
+    models = {"float32": model if model.embed.weight.dtype == torch.float32 else copy.deepcopy(model).float()}
+    models["bfloat16"] = copy.deepcopy(models["float32"]).to(torch.bfloat16)
+    configs = [(d, a) for d in DTYPES for a in ATTENTION_KINDS]
+    times = {c: [[] for _ in shapes] for c in configs}
+    saved = model.attention
+    try:
+        with tqdm(total=(repeats + 1) * len(configs) * len(shapes), desc="dtype probe", unit="fwd", leave=False) as bar:
+            for rep in range(repeats + 1):
+                for j, shape in enumerate(shapes):
+                    for i in range(len(configs)):
+                        d, a = configs[(i + rep + j) % len(configs)]
+                        models[d].attention = a
+                        t = timer(models[d], *shape)
+                        if rep > 0:  # repetition 0 warms up allocations and kernels
+                            times[(d, a)][j].append(t)
+                        bar.update(1)
+    finally:
+        model.attention = saved
+    ms = {c: [1e3 * statistics.median(ts) for ts in times[c]] for c in configs}
+    score = {c: math.exp(statistics.fmean(math.log(t) for t in ms[c])) for c in configs}
+    best = {d: min((c for c in configs if c[0] == d), key=score.get) for d in DTYPES}
+    pick = best["bfloat16"] if score[best["bfloat16"]] < BF16_MARGIN * score[best["float32"]] else best["float32"]
+    return {"dtype": pick[0], "attention": pick[1], "attention_for": {d: best[d][1] for d in DTYPES},
+            "shapes": [list(s) for s in shapes], "ms": {f"{d}/{a}": ms[(d, a)] for d, a in configs}}
+
+
+def read_cache(cache_dir) -> dict:
+    try:
+        return json.loads((cache_dir / CACHE_FILE).read_text())
+    except (OSError, ValueError):  # none yet, or unreadable: probe again
+        return {}
+
+
+def choose(model: Decoder, model_name: str, cache_dir, timer=time_forward) -> dict:
+    """The probe's answer for this model on this machine: from the cache file, else measured and stored."""
+    path = cache_dir / CACHE_FILE
+    key = probe_key(model_name, model.embed.weight.device)
+    known = read_cache(cache_dir)
+    if key not in known:
+        known[key] = probe(model, timer)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(known, indent=1))
+        tmp.replace(path)  # atomic: a concurrent reader sees the old file or the new one
+    return known[key]

@@ -1,0 +1,85 @@
+"""`--dtype auto`: the probe's decision rule (with an injected timer, so the outcome is known), its cache and
+its key, and one real probe end to end through registry.load_model on a tiny model saved as a local directory."""
+
+import json
+
+import pytest
+import torch
+
+from bebop.errors import BebopError
+from bebop.models import dtype as auto_dtype
+from bebop.models import registry
+
+
+def fake_timer(costs, calls=None):
+    """A timer whose forward costs `costs[(dtype name, attention)]` seconds, times the new tokens."""
+    def timer(model, batch, new_tokens):
+        if calls is not None:
+            calls.append((batch, new_tokens))
+        name = {torch.float32: "float32", torch.bfloat16: "bfloat16"}[model.embed.weight.dtype]
+        return costs[(name, model.attention)] * batch * new_tokens
+    return timer
+
+
+@pytest.mark.parametrize("costs,want", [
+    ({("float32", "sdpa"): 1.0, ("float32", "matmul"): 1.1, ("bfloat16", "sdpa"): 0.6, ("bfloat16", "matmul"): 0.5},
+     ("bfloat16", "matmul")),
+    ({("float32", "sdpa"): 1.0, ("float32", "matmul"): 0.8, ("bfloat16", "sdpa"): 0.9, ("bfloat16", "matmul"): 2.0},
+     ("float32", "matmul")),
+    # bf16 only 3% faster: not worth fp32's precision
+    ({("float32", "sdpa"): 1.0, ("float32", "matmul"): 1.2, ("bfloat16", "sdpa"): 0.97, ("bfloat16", "matmul"): 1.5},
+     ("float32", "sdpa")),
+])
+def test_probe_picks_the_fastest_config(tiny_llama, costs, want):
+    model, _ = tiny_llama
+    calls = []
+    got = auto_dtype.probe(model, fake_timer(costs, calls), shapes=((1, 1), (4, 2)), repeats=2)
+    assert (got["dtype"], got["attention"]) == want
+    assert got["attention_for"]["bfloat16"] == min(["sdpa", "matmul"], key=lambda a: costs[("bfloat16", a)])
+    assert len(calls) == 4 * 2 * 3  # configs x shapes x (warm-up + repeats)
+    assert got["ms"]["float32/sdpa"] == pytest.approx([1e3 * b * t for b, t in ((1, 1), (4, 2))])
+    assert model.embed.weight.dtype == torch.float32 and model.attention == "sdpa"  # the caller's model untouched
+
+
+def test_probe_is_cached_per_model_and_thread_count(tiny_llama, tmp_path, monkeypatch):
+    model, _ = tiny_llama
+    costs = {("float32", "sdpa"): 1.0, ("float32", "matmul"): 1.0, ("bfloat16", "sdpa"): 0.5,
+             ("bfloat16", "matmul"): 0.5}
+    calls = []
+    first = auto_dtype.choose(model, "m1", tmp_path, fake_timer(costs, calls))
+    n = len(calls)
+    assert n > 0 and first["dtype"] == "bfloat16"
+    assert auto_dtype.choose(model, "m1", tmp_path, fake_timer(costs, calls)) == first and len(calls) == n
+    auto_dtype.choose(model, "m2", tmp_path, fake_timer(costs, calls))  # another model: probed again
+    assert len(calls) == 2 * n
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 97)  # another thread count: probed again
+    auto_dtype.choose(model, "m1", tmp_path, fake_timer(costs, calls))
+    assert len(calls) == 3 * n
+    keys = list(json.loads((tmp_path / auto_dtype.CACHE_FILE).read_text()))
+    assert len(keys) == 3 and all(auto_dtype.cpu_model() in k and torch.__version__ in k for k in keys)
+    (tmp_path / auto_dtype.CACHE_FILE).write_text("{not json")  # a damaged cache is measured again, not fatal
+    assert auto_dtype.choose(model, "m1", tmp_path, fake_timer(costs, calls)) == first and len(calls) == 4 * n
+
+
+def test_auto_dtype_end_to_end_on_a_local_model(tmp_path, monkeypatch, load_models):
+    hf, _, tok = load_models("tiny-qwen3")
+    folder = tmp_path / "model"
+    hf.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    monkeypatch.setenv("BEBOP_CACHE", str(tmp_path / "cache"))
+    model, _ = registry.load_model(str(folder), dtype="auto")  # a real probe: tiny forwards, real timings
+    known = json.loads((tmp_path / "cache" / auto_dtype.CACHE_FILE).read_text())
+    (choice,) = known.values()
+    assert model.embed.weight.dtype == auto_dtype.DTYPES[choice["dtype"]] and model.attention == choice["attention"]
+    assert all(len(ms) == len(auto_dtype.SHAPES) and min(ms) > 0 for ms in choice["ms"].values())
+    forced, _ = registry.load_model(str(folder), dtype="bfloat16")  # forced dtype, probed kernel for it
+    assert forced.embed.weight.dtype == torch.bfloat16 and forced.attention == choice["attention_for"]["bfloat16"]
+
+
+def test_auto_on_test_models_is_fp32_without_probe(tmp_path, monkeypatch):
+    monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
+    model, _ = registry.load_model("tiny-llama", dtype="auto")
+    assert model.embed.weight.dtype == torch.float32 and not (tmp_path / auto_dtype.CACHE_FILE).exists()
+    with pytest.raises(BebopError, match="unknown dtype"):
+        registry.load_model("tiny-llama", dtype="float16")
+    assert auto_dtype.cpu_model()
