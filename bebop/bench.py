@@ -2,9 +2,12 @@
 
 Machines are shared and noisy, so the modes are interleaved (every repetition runs every batch size and
 mode, in a rotated order) and tokens/s is total tokens over total time across repetitions; the speedup of a
-mode is its tokens/s over `ar`'s from the same run. Like vLLM's benchmark with --ignore-eos, every row
-generates exactly max_new_tokens, so all modes do the same amount of work.
-`hf` is transformers' own `generate` on the same prompts and settings (the baseline of the issue tracker).
+mode is its tokens/s over `ar`'s from the same run. By default a request stops at EOS, as RL rollouts do, and
+tokens/s counts the tokens actually produced (every mode gets the same prompts and seeds); acceptance is then
+measured only on text the model itself produced. `ignore_eos` (vLLM's --ignore-eos) makes every row generate
+exactly max_new_tokens instead, so all modes do the same amount of work.
+`hf` is transformers' own `generate` on the same prompts and settings, in the same dtype (the baseline of the
+issue tracker). Every figure is recorded with what it depends on (`environment`).
 """
 
 import time
@@ -13,11 +16,20 @@ import torch
 from tqdm import tqdm
 
 from bebop.engine import SpecStats, generate
+from bebop.models.dtype import cpu_model
 from bebop.sampling import SamplingParams
 
 
-def hf_generate(hf_model, tokenizer, prompts, max_new_tokens, params: SamplingParams, seed: int) -> int:
-    """transformers' generate, left-padded as it requires; returns the number of new tokens."""
+def environment(model) -> dict:
+    """What a throughput figure depends on: the dtype and decode attention kernel in use, the CPU, threads."""
+    return {"dtype": str(model.embed.weight.dtype).removeprefix("torch."), "attention": model.attention,
+            "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__}
+
+
+def hf_generate(hf_model, tokenizer, prompts, max_new_tokens, params: SamplingParams, seed: int,
+                eos_ids: list[int]) -> int:
+    """transformers' generate, left-padded as it requires; returns the number of new tokens produced (up to and
+    including each row's first EOS, as our engine counts them). `eos_ids` [] ignores EOS (fixed length)."""
     torch.manual_seed(seed)
     width = max(map(len, prompts))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -25,9 +37,14 @@ def hf_generate(hf_model, tokenizer, prompts, max_new_tokens, params: SamplingPa
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     sampling = dict(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k) \
         if params.temperature > 0 else dict(do_sample=False)
-    out = hf_model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                            pad_token_id=pad, **sampling)
-    return (out.shape[1] - width) * len(prompts)
+    stop = dict(eos_token_id=eos_ids) if eos_ids else dict(min_new_tokens=max_new_tokens)
+    new = hf_model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=pad, **stop,
+                            **sampling)[:, width:]
+    if not eos_ids:
+        return new.numel()
+    is_eos = torch.isin(new, torch.tensor(eos_ids))
+    first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, new.shape[1])  # finished rows are padded
+    return int(first.sum())
 
 
 def merge(total: SpecStats, s: SpecStats):
@@ -42,15 +59,17 @@ def merge(total: SpecStats, s: SpecStats):
 
 def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: list[str], draft_len: int,
               params: SamplingParams, max_new_tokens: int, seed: int = 0, repeats: int = 3, mtp=None,
-              hf_model=None, tokenizer=None) -> list[dict]:
+              hf_model=None, tokenizer=None, ignore_eos: bool = False) -> list[dict]:
+    eos_ids = [] if ignore_eos else list(model.eos_ids)
+
     def run(mode, bs, rep):
         batch = [prompts[i % len(prompts)] for i in range(bs)]
         start = time.perf_counter()
         if mode == "hf":
-            tokens, stats = hf_generate(hf_model, tokenizer, batch, max_new_tokens, params, seed + rep), None
+            tokens, stats = hf_generate(hf_model, tokenizer, batch, max_new_tokens, params, seed + rep, eos_ids), None
         else:
             g = generate(model, batch, max_new_tokens, params, mode=mode, mtp=mtp, draft_len=draft_len,
-                         seed=seed + rep, eos_ids=[])
+                         seed=seed + rep, eos_ids=eos_ids)
             tokens, stats = g.stats.tokens, g.stats
         return time.perf_counter() - start, tokens, stats
 
@@ -82,7 +101,8 @@ def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: li
                 "speedup_vs_ar": tps / (ar["tokens"] / ar["time"]) if ar else None,
                 "acceptance_rate": s.acceptance_rate, "mean_acceptance_length": s.mean_acceptance_length,
                 "per_position_acceptance": s.per_position_acceptance, "mean_entropy": s.mean_entropy,
-                "tokens": a["tokens"], "seconds": a["time"], "repeats": repeats,
+                "tokens": a["tokens"], "seconds": a["time"], "repeats": repeats, "ignore_eos": ignore_eos,
+                "mean_tokens_per_request": a["tokens"] / (bs * repeats),
             })
     return results
 

@@ -25,7 +25,9 @@ def add_model_args(p):
     p.add_argument("--model", default="smollm2-135m", help="registry name or local Hugging Face model directory")
     p.add_argument("--mtp", default=None, help="MTP checkpoint (NAME.safetensors + NAME.json) or 'random'; default: "
                                                "the committed one for smollm2-135m, else a seeded random MTP")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights and activations")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="weights and activations for generating (generate, bench, make-data); auto: bfloat16 where a "
+                        "short probe, cached per machine and model, measures it faster, else float32")
 
 
 def add_sampling_args(p, temperature=1.0):
@@ -96,7 +98,7 @@ def cmd_generate(args):
 
 
 def cmd_bench(args):
-    from bebop.bench import format_table, run_bench
+    from bebop.bench import environment, format_table, run_bench
     from bebop.engine import MODES as ENGINE_MODES
     from bebop.models.registry import chat_ids, load_hf
     from bebop.tasks import default_prompts, load_prompts_file
@@ -114,13 +116,17 @@ def cmd_bench(args):
     hf_model = load_hf(args.model)[0].to(model.embed.weight.dtype) if "hf" in modes else None
     prompts = [chat_ids(tok, t) for t in texts]
     results = run_bench(model, prompts, batch_sizes, modes, args.draft_len, params, args.max_new_tokens,
-                        seed=args.seed, repeats=args.repeats, mtp=mtp, hf_model=hf_model, tokenizer=tok)
+                        seed=args.seed, repeats=args.repeats, mtp=mtp, hf_model=hf_model, tokenizer=tok,
+                        ignore_eos=args.ignore_eos)
+    env = environment(model)
+    print(f"{args.model}, --dtype {args.dtype}: " + ", ".join(f"{k} {v}" for k, v in env.items())
+          + (", fixed length (--ignore-eos)" if args.ignore_eos else ", requests stop at EOS"))
     print(format_table(results))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         mtp_name = None if mtp is None else (args.mtp or mtp.config.meta.get("name", "random"))
-        Path(args.json).write_text(json.dumps({"model": args.model, "mtp": mtp_name, "dtype": args.dtype,
-                                               "results": results}, indent=1))
+        Path(args.json).write_text(json.dumps({"model": args.model, "mtp": mtp_name, **env, "dtype_requested": args.dtype,
+                                               "ignore_eos": args.ignore_eos, "results": results}, indent=1))
 
 
 def cmd_make_data(args):
@@ -244,6 +250,8 @@ def build_parser():
     p.add_argument("--prompts", help="JSONL prompts (default: built-in held-out task prompts)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--ignore-eos", action="store_true", help="every request generates exactly --max-new-tokens "
+                                                             "(default: stop at EOS and count the tokens produced)")
     add_sampling_args(p)
     p.set_defaults(func=cmd_bench)
 

@@ -36,7 +36,8 @@ def test_bench_json(tmp_path, capsys):
     main(["bench", "--model", "tiny-qwen3", "--batch-sizes", "1,2", "--modes", "ar,spec,spec-greedy,hf",
           "--draft-len", "2", "--max-new-tokens", "6", "--repeats", "1", "--dtype", "bfloat16", "--json", str(out)])
     report = json.loads(out.read_text())
-    assert report["model"] == "tiny-qwen3" and report["dtype"] == "bfloat16"
+    assert report["model"] == "tiny-qwen3" and report["dtype"] == "bfloat16" and report["cpu"]
+    assert report["ignore_eos"] is False and report["dtype_requested"] == "bfloat16"
     rows = report["results"]
     assert {(r["mode"], r["batch_size"]) for r in rows} == {(m, b) for m in ("ar", "spec", "spec-greedy", "hf")
                                                            for b in (1, 2)}
@@ -45,7 +46,8 @@ def test_bench_json(tmp_path, capsys):
         if r["mode"].startswith("spec"):
             assert 0 <= r["acceptance_rate"] <= 1 and len(r["per_position_acceptance"]) == 2
             assert 1 <= r["mean_acceptance_length"] <= 3 and r["mean_entropy"] > 0
-    assert "tok/s" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "tok/s" in out and "dtype bfloat16" in out and f"cpu {report['cpu']}" in out
 
 
 def test_bad_input_is_one_clear_line(tmp_path, capsys):

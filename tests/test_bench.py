@@ -1,0 +1,30 @@
+"""bench's token accounting: requests stop at EOS by default and only the tokens produced count (ours and
+transformers' alike); --ignore-eos generates exactly max_new_tokens per request."""
+
+import pytest
+
+from bebop.bench import environment, run_bench
+from bebop.models.dtype import cpu_model
+from bebop.mtp import new_mtp
+from bebop.sampling import SamplingParams
+
+
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_tokens_counted_up_to_eos(load_models, monkeypatch, ignore_eos):
+    hf, model, tok = load_models("tiny-qwen3")
+    # every token ends a request: with EOS stops each request produces exactly one token, in every mode
+    monkeypatch.setattr(model, "eos_ids", list(range(model.cfg.vocab_size)))
+    prompts = [[1, 5, 9, 4], [1, 7]]
+    results = run_bench(model, prompts, [2, 3], ["ar", "spec", "hf"], 2, SamplingParams(1.0), max_new_tokens=5,
+                        repeats=2, mtp=new_mtp(model), hf_model=hf, tokenizer=tok, ignore_eos=ignore_eos)
+    for r in results:
+        per_request = 5 if ignore_eos else 1
+        assert r["tokens"] == r["batch_size"] * 2 * per_request, r
+        assert r["mean_tokens_per_request"] == per_request and r["ignore_eos"] == ignore_eos
+
+
+def test_environment_names_dtype_and_cpu(tiny_llama):
+    model, _ = tiny_llama
+    env = environment(model)
+    assert env["dtype"] == "float32" and env["attention"] == model.attention and env["cpu"] == cpu_model()
+    assert env["threads"] >= 1
