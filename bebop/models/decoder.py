@@ -148,10 +148,11 @@ class Block(nn.Module):
         return self.finish(x, attn)
 
 
-# Which attention kernel is faster for a few new tokens per row depends on the CPU (on one Intel Xeon with AMX,
-# SDPA's fused kernel beat bf16 matrix products 2-3x; on an AMD EPYC the reverse, 85 -> 37 ms per forward at
-# batch 16), so the choice is measured per machine (bebop.models.dtype). Above this many new tokens (prompts)
-# SDPA's fused kernel won everywhere we measured: it never materialises the [T, S] scores.
+# Which attention kernel is faster for a few new tokens per row depends on the CPU: on an AMD EPYC the matmul
+# kernel cut a bf16 forward at batch 16 from 85 to 37 ms (issue 7); on an Intel Xeon with AMX it made the bf16
+# forward 1.2-1.4x slower at batch 16-64 and changed nothing in fp32. So the choice is measured per machine
+# (bebop.models.dtype). Above this many new tokens (prompts) SDPA's fused kernel won in every measurement: it
+# never materialises the [T, S] scores.
 DECODE_MAX_T = 8
 ATTENTION_KINDS = ("sdpa", "matmul")
 
