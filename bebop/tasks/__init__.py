@@ -1,0 +1,21 @@
+"""Built-in prompt sources: math, code and chat tasks generated from templates.
+
+They serve three purposes:
+  1. default prompts for benchmarks (the held-out split, so a draft is never
+     benchmarked on prompts it was distilled on),
+  2. self-distillation data for training the MTP draft (the train split),
+  3. RL tasks with verifiable rewards (math answers, code asserts).
+
+Everything is generated from templates with a seeded random.Random, so a
+(n, seed, split) triple always gives the same tasks on every machine. Tasks
+are deliberately simple: the target models are small (SmolLM2-135M).
+"""
+
+# each kind registers itself on import; this order (chat, math, code) is KINDS' order
+from bebop.tasks.base import HELDOUT_PER_MILLE, SPLITS, STREAMS, Task, default_prompts, mixed_tasks, register_kind, split_of
+from bebop.tasks.chat import chat_tasks
+from bebop.tasks.arithmetic import ANSWER_MARKER, MATH_INSTRUCTION, check_math_answer, math_tasks
+from bebop.tasks.code import CODE_INSTRUCTION, code_tasks
+from bebop.tasks.files import load_prompts_file
+
+KINDS = tuple(STREAMS)
