@@ -4,7 +4,7 @@ import itertools
 import random
 import re
 
-from bebop.tasks.base import Task, register_kind
+from bebop.tasks.base import Task, register_kind, register_reward, register_task
 
 ANSWER_MARKER = "Answer:"
 MATH_INSTRUCTION = f'Work it out briefly, then give the final answer on the last line as "{ANSWER_MARKER} <number>".'
@@ -120,6 +120,62 @@ def math_tasks(n: int, seed: int) -> list[Task]:
     return list(itertools.islice(_math_stream(random.Random(seed)), n))
 
 
+# RL difficulty levels: "hard" is the mix above (multi-step word problems); the lower levels are single
+# operations on smaller numbers. Accuracies of smollm2-135m per level are in examples/task_accuracy.py's output.
+
+
+def _e_add(rng):
+    a, b = rng.randint(1, 20), rng.randint(1, 20)
+    return f"What is {a} + {b}?", a + b
+
+
+def _e_sub(rng):
+    a = rng.randint(5, 30)
+    b = rng.randint(1, a)
+    return f"What is {a} - {b}?", a - b
+
+
+def _e_mul(rng):
+    a, b = rng.randint(2, 9), rng.randint(2, 9)
+    return f"What is {a} * {b}?", a * b
+
+
+def _md_add(rng):
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    return f"What is {a} + {b}?", a + b
+
+
+def _md_sub(rng):
+    a = rng.randint(20, 99)
+    b = rng.randint(1, a)
+    return f"What is {a} - {b}?", a - b
+
+
+def _md_mul(rng):
+    a, b = rng.randint(2, 12), rng.randint(2, 12)
+    return f"What is {a} * {b}?", a * b
+
+
+def _md_div(rng):
+    b, q = rng.randint(2, 9), rng.randint(2, 12)
+    return f"What is {b * q} / {b}?", q
+
+
+ARITHMETIC_LEVELS = {
+    "easy": [_e_add, _e_sub, _e_mul],
+    "medium": [_md_add, _md_sub, _md_mul, _md_div],
+    "hard": _MATH_TEMPLATES,
+}
+
+
+@register_task("arithmetic", difficulties=tuple(ARITHMETIC_LEVELS), default="medium")
+def _arithmetic_stream(rng, difficulty):
+    templates = ARITHMETIC_LEVELS[difficulty]
+    while True:
+        question, answer = rng.choice(templates)(rng)
+        yield Task("math", f"{question}\n{MATH_INSTRUCTION}", answer=str(answer), difficulty=difficulty)
+
+
 # a number as written in a reply: optional sign (not a hyphen inside "12-7"),
 # optional thousands separators, optional decimals
 _NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?!\d)")
@@ -152,3 +208,9 @@ def check_math_answer(task: Task, completion: str) -> bool:
         text = m.group(0)
     value = _parse_number(text)
     return value is not None and value == int(task.answer)
+
+
+@register_reward("math")
+def math_rewards(tasks: list[Task], completions: list[str]) -> list[float]:
+    """1.0 when the completion's final number equals the task's answer, else 0.0."""
+    return [float(check_math_answer(t, c)) for t, c in zip(tasks, completions)]

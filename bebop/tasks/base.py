@@ -1,12 +1,19 @@
-"""The task record, the kind registry, held-out splits and mixing.
+"""The task record, the registries, held-out splits and mixing.
 
-Every task kind lives in its own module (arithmetic, code, chat) and registers its prompt stream here with
-`@register_kind`; adding a kind is one new file plus its import in bebop/tasks/__init__.py.
+Every task kind lives in its own module and registers itself here with decorators:
+  @register_kind(kind)          its endless prompt stream, for benchmark prompts and distillation data (mixed_tasks)
+  @register_reward(kind)        its batch reward, rewards(tasks, completions) -> floats in [0, 1]
+  @register_task(name, levels)  an RL task with difficulty levels (rl_tasks, TASKS)
+Adding a task is one new file plus its import in bebop/tasks/__init__.py.
 """
 
 import hashlib
+import itertools
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+
+from bebop.errors import BebopError
 
 SPLITS = ("train", "heldout")
 HELDOUT_PER_MILLE = 100  # ~10% of distinct prompts are held out
@@ -21,6 +28,11 @@ class Task:
     # code: a reference implementation that passes `tests`. Never shown to the
     # model; it exists so the test suite can prove every generated task is solvable.
     solution: str | None = field(default=None, repr=False)
+    difficulty: str | None = None  # RL tasks: the level they were drawn at (rl_tasks); else None
+
+    def reward(self, completion: str) -> float:
+        """The verifiable reward of one completion, in [0, 1]."""
+        return rewards([self], [completion])[0]
 
 
 # kind -> stream(rng) yielding Tasks forever; filled by each kind's module
@@ -32,6 +44,70 @@ def register_kind(kind: str):
         STREAMS[kind] = stream
         return stream
     return register
+
+
+# kind -> batch reward fn(tasks, completions) -> list[float]; a batch lets code run its sandboxes in parallel
+REWARDS = {}
+
+
+def register_reward(kind: str):
+    def register(fn):
+        REWARDS[kind] = fn
+        return fn
+    return register
+
+
+def rewards(tasks: list[Task], completions: list[str]) -> list[float]:
+    """Reward of each completion for its task, in [0, 1]; tasks of different kinds may be mixed."""
+    if len(tasks) != len(completions):
+        raise ValueError(f"{len(tasks)} tasks but {len(completions)} completions")
+    out = [0.0] * len(tasks)
+    for kind in dict.fromkeys(t.kind for t in tasks):
+        if kind not in REWARDS:
+            raise ValueError(f"{kind!r} tasks have no verifiable reward (rewarded kinds: {', '.join(REWARDS)})")
+        idx = [i for i, t in enumerate(tasks) if t.kind == kind]
+        for i, r in zip(idx, REWARDS[kind]([tasks[i] for i in idx], [completions[i] for i in idx])):
+            out[i] = float(r)
+    return out
+
+
+@dataclass(frozen=True)
+class TaskSource:
+    """An RL task: `stream(rng, difficulty)` yields Tasks forever; `difficulties` from easiest to hardest."""
+    stream: Callable[[random.Random, str], Iterator[Task]]
+    difficulties: tuple[str, ...]
+    default: str  # calibrated so the default model starts between 10% and 50% (README / examples)
+
+
+# RL task name -> TaskSource
+TASKS: dict[str, TaskSource] = {}
+
+
+def register_task(name: str, difficulties, default: str):
+    if default not in difficulties:
+        raise ValueError(f"default difficulty {default!r} is not one of {tuple(difficulties)}")
+
+    def register(stream):
+        TASKS[name] = TaskSource(stream, tuple(difficulties), default)
+        return stream
+    return register
+
+
+def rl_tasks(name: str, n: int, seed: int, split: str = "train", difficulty: str | None = None) -> list[Task]:
+    """n tasks of RL task `name`, all in `split`; the same (name, n, seed, split, difficulty) always gives the
+    same tasks, and rl_tasks(n) is a prefix of rl_tasks(n + 1)."""
+    if name not in TASKS:
+        raise BebopError(f"unknown task '{name}' (choose from {', '.join(TASKS)})")
+    source = TASKS[name]
+    difficulty = source.default if difficulty is None else difficulty
+    if difficulty not in source.difficulties:
+        raise BebopError(f"unknown difficulty '{difficulty}' for task '{name}' (choose from {', '.join(source.difficulties)})")
+    if split not in SPLITS:
+        raise BebopError(f"unknown split '{split}' (choose from {', '.join(SPLITS)})")
+    if n < 0:
+        raise BebopError(f"number of tasks must be >= 0, got {n}")
+    stream = source.stream(random.Random(f"{seed}/{name}/{difficulty}"), difficulty)
+    return list(itertools.islice(_only_split(stream, split), n))
 
 
 def split_of(prompt: str) -> str:
