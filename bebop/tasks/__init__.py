@@ -19,7 +19,7 @@ from bebop.tasks.base import (HELDOUT_PER_MILLE, REWARDS, SPLITS, STREAMS, TASKS
                                mixed_tasks, register_kind, register_reward, register_task, rewards, rl_tasks, split_of)
 from bebop.tasks.chat import chat_tasks
 from bebop.tasks.arithmetic import ANSWER_MARKER, ARITHMETIC_LEVELS, MATH_INSTRUCTION, check_math_answer, math_tasks
-from bebop.tasks.code import CODE_INSTRUCTION, code_tasks
+from bebop.tasks.code import CODE_INSTRUCTION, CODE_LEVELS, code_rewards, code_tasks, extract_code
 from bebop.tasks.files import load_prompts_file
 
 KINDS = tuple(STREAMS)

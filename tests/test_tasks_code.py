@@ -1,0 +1,50 @@
+import random
+
+from bebop.tasks import CODE_LEVELS, TASKS, Task, code_rewards, extract_code, rewards, rl_tasks
+from bebop.tasks.code import _CODE_TEMPLATES, _code_stream, function_name
+from bebop.tasks.sandbox import Limits
+
+LIMITS = Limits(wall_seconds=3.0)
+
+
+def fenced(code, lang="python"):
+    return f"Here you go:\n```{lang}\n{code}```\nIt returns the result."
+
+
+def test_extract_code():
+    assert extract_code(fenced("def f(x):\n    return x\n")) == "def f(x):\n    return x\n"
+    assert extract_code(fenced("def f(x): pass\n", lang="py")) == "def f(x): pass\n"
+    assert extract_code(fenced("def f(x): pass\n", lang="")) == "def f(x): pass\n"
+    assert extract_code("```python\ndef f(x):\n    return x") == "def f(x):\n    return x"  # cut at the length limit
+    assert extract_code("def f(x):\n    return x\n") is None  # the instruction asks for a block
+    two = "```python\nprint(f(2))\n```\nand\n```python\ndef f(x):\n    return x\n```"
+    assert extract_code(two, "f") == "def f(x):\n    return x\n"
+    assert extract_code(two) == "print(f(2))\n"
+
+
+def test_rl_code_tasks_and_levels():
+    assert "code" in TASKS and TASKS["code"].default in TASKS["code"].difficulties == tuple(CODE_LEVELS)
+    easy = rl_tasks("code", 100, seed=0, difficulty="easy")
+    assert easy == rl_tasks("code", 100, seed=0, difficulty="easy")
+    assert all(t.kind == "code" and t.difficulty == "easy" and t.tests.startswith("assert ") for t in easy)
+    names = {function_name(t) for t in easy}
+    assert "fizz" not in names and len(names) > 5
+
+
+def test_every_template_is_solved_by_its_reference_in_the_sandbox():
+    # one task per template (the in-process check in test_tasks.py covers many more): the sandbox gives the
+    # reference 1.0, a stub that returns None 0.0, and a reply without a code block 0.0
+    tasks = [next(_code_stream(random.Random(i), [template])) for i, template in enumerate(_CODE_TEMPLATES)]
+    stubs = [f"def {function_name(t)}(*args):\n    return None\n" for t in tasks]
+    scores = code_rewards(tasks + tasks + tasks[:1],
+                          [fenced(t.solution) for t in tasks] + [fenced(s) for s in stubs] + [tasks[0].solution],
+                          limits=LIMITS)
+    n = len(tasks)
+    assert scores[:n] == [1.0] * n
+    assert scores[n:] == [0.0] * (n + 1)
+
+
+def test_partial_credit_is_the_fraction_of_asserts():
+    t = Task("code", "inc", tests="assert inc(1) == 2\nassert inc(2) == 3\nassert inc(3) == 4\nassert inc(4) == 5\n")
+    wrong_above_2 = "def inc(x):\n    return x + 1 if x <= 2 else 0\n"
+    assert rewards([t, t], [fenced(wrong_above_2), fenced("def inc(x):\n    return x + 1\n")]) == [0.5, 1.0]
