@@ -80,7 +80,7 @@ def _hook(root, fspath, abspath, write_flags, exit_now, blocked, path_events, de
 
     def hook(event, args):
         if (event in blocked or event.startswith(("socket.", "ctypes.", "_posixsubprocess"))
-                or (event == "import" and args[0].partition(".")[0] in denied_imports)
+                or (event == "import" and isinstance(args[0], str) and args[0].partition(".")[0] in denied_imports)
                 or (event == "open" and len(args) > 2 and isinstance(args[2], int) and args[2] & write_flags
                     and not inside(args[0]))
                 or (event in path_events and not all(inside(a) for a in args[:path_events[event]]))):
@@ -253,7 +253,7 @@ def _split_assert(line: str) -> tuple[str, str | None]:
 
 def run_many(jobs: list[tuple[str, list[str]]], limits: Limits = Limits(), workers: int | None = None) -> list[float]:
     """run_tests for each (code, tests), several at a time (each sandbox is a process of its own)."""
-    workers = min(_MAX_SLOTS, workers or os.cpu_count() or 1, max(1, len(jobs)))
+    workers = min(_MAX_SLOTS, workers or len(os.sched_getaffinity(0)), max(1, len(jobs)))
     with ThreadPoolExecutor(workers) as pool:
         return [score for score, _ in pool.map(lambda job: run_tests(*job, limits=limits), jobs)]
 
