@@ -42,11 +42,13 @@ def main():
     ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--show", type=int, default=0, help="print this many completions per level")
+    ap.add_argument("--completions", default=None, help="also write every completion and its reward to this JSONL")
     args = ap.parse_args()
 
     levels = args.difficulty.split(",") if args.difficulty else list(TASKS[args.task].difficulties)
     model, tok = load_model(args.model, dtype=args.dtype)
     params = SamplingParams(temperature=args.temperature)
+    saved = open(args.completions, "w") if args.completions else None
     for level in levels:
         tasks = rl_tasks(args.task, args.n, seed=args.seed, split="heldout", difficulty=level)
         texts, n_tokens, t0 = [], 0, time.perf_counter()
@@ -57,6 +59,9 @@ def main():
             texts += [tok.decode(r.tokens, skip_special_tokens=True) for r in g.rollouts]
             n_tokens += sum(len(r.tokens) for r in g.rollouts)
         scores = rewards(tasks, texts)
+        if saved:
+            saved.writelines(json.dumps({"difficulty": level, "prompt": t.prompt, "completion": text, "reward": s}) + "\n"
+                             for t, text, s in zip(tasks, texts, scores))
         for t, text, s in list(zip(tasks, texts, scores))[:args.show]:
             print(f"--- reward {s} | {t.prompt!r}\n{text}")
         k, n = sum(s == 1.0 for s in scores), len(scores)
@@ -66,6 +71,8 @@ def main():
                           "mean_reward": round(sum(scores) / n, 3), "temperature": args.temperature,
                           "max_new_tokens": args.max_new_tokens, "mean_tokens": round(n_tokens / n, 1),
                           "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
+    if saved:
+        saved.close()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,10 @@ def test_extract_code():
     two = "```python\nprint(f(2))\n```\nand\n```python\ndef f(x):\n    return x\n```"
     assert extract_code(two, "f") == "def f(x):\n    return x\n"
     assert extract_code(two) == "print(f(2))\n"
+    # the definition first, then only a closing fence: taken when it defines the function asked for
+    closing_only = "def f(x):\n    return x\n```\nThis returns x.\n```python\nprint(f(1))\n```"
+    assert extract_code(closing_only, "f") == "def f(x):\n    return x\n"
+    assert extract_code(closing_only, "g") == "This returns x.\n"  # no definition: the fences pair up as written
 
 
 def test_rl_code_tasks_and_levels():

@@ -276,12 +276,19 @@ _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.S | 
 
 def extract_code(completion: str, function: str | None = None) -> str | None:
     """The code of the reply's first fenced block that defines `function` (else its first block); None when
-    the reply has no fenced block, as the instruction asks for one."""
+    the reply has no fenced block, as the instruction asks for one. A reply that starts straight with the
+    definition and only closes the fence (small models do) counts as a block too."""
     blocks = _FENCE.findall(completion)
     if function is not None:
-        defining = [b for b in blocks if re.search(rf"\bdef\s+{re.escape(function)}\s*\(", b)]
-        blocks = defining or blocks
+        head = completion.split("```", 1)[0]
+        if "```" in completion and _defines(head, function):
+            blocks = [head] + blocks
+        blocks = [b for b in blocks if _defines(b, function)] or blocks
     return blocks[0] if blocks else None
+
+
+def _defines(code: str, function: str) -> bool:
+    return re.search(rf"^\s*def\s+{re.escape(function)}\s*\(", code, re.M) is not None
 
 
 def function_name(task: Task) -> str:
