@@ -28,7 +28,7 @@ def _own_sandbox_pids():
 def test_correct_half_and_broken_programs():
     half = "def inc(x):\n    return 2 if x == 1 else 0\n"
     jobs = [(GOOD, TESTS), (half, TESTS), ("def inc(x) return", TESTS), ("raise SystemExit(0)\n" + GOOD, TESTS),
-            (GOOD, ["assert inc(1) == 3"]), (GOOD + "import math, re, collections\nassert math.sqrt(4) == 2\n", TESTS)]
+            (GOOD, ["assert inc(1) == 3"]), (GOOD + "import math, re, collections, random\nfrom typing import List\nfrom datetime import timedelta\n", TESTS)]
     assert run_many(jobs, LIMITS) == [1.0, 0.5, 0.0, 0.0, 0.0, 1.0]
 
 

@@ -76,7 +76,7 @@ class TaskSource:
     """An RL task: `stream(rng, difficulty)` yields Tasks forever; `difficulties` from easiest to hardest."""
     stream: Callable[[random.Random, str], Iterator[Task]]
     difficulties: tuple[str, ...]
-    default: str  # calibrated so the default model starts between 10% and 50% (README / examples)
+    default: str  # calibrated so the default model starts between 10% and 50% (examples/task_accuracy.py)
 
 
 # RL task name -> TaskSource
