@@ -66,7 +66,7 @@ def main():
             print(f"--- reward {s} | {t.prompt!r}\n{text}")
         k, n = sum(s == 1.0 for s in scores), len(scores)
         lo, hi = wilson(k, n)
-        print(json.dumps({"model": args.model, "task": args.task, "difficulty": level, "n": n, "correct": k,
+        print(json.dumps({"model": args.model, "dtype": args.dtype, "task": args.task, "difficulty": level, "n": n, "correct": k,
                           "accuracy": round(k / n, 3), "ci95": [round(lo, 3), round(hi, 3)],
                           "mean_reward": round(sum(scores) / n, 3), "temperature": args.temperature,
                           "max_new_tokens": args.max_new_tokens, "mean_tokens": round(n_tokens / n, 1),
