@@ -60,13 +60,14 @@ def main():
             n_tokens += sum(len(r.tokens) for r in g.rollouts)
         scores = rewards(tasks, texts)
         if saved:
-            saved.writelines(json.dumps({"difficulty": level, "prompt": t.prompt, "completion": text, "reward": s}) + "\n"
-                             for t, text, s in zip(tasks, texts, scores))
+            saved.writelines(json.dumps({"difficulty": level, "prompt": t.prompt, "completion": text,
+                                         "reward": s}) + "\n" for t, text, s in zip(tasks, texts, scores))
         for t, text, s in list(zip(tasks, texts, scores))[:args.show]:
             print(f"--- reward {s} | {t.prompt!r}\n{text}")
         k, n = sum(s == 1.0 for s in scores), len(scores)
         lo, hi = wilson(k, n)
-        print(json.dumps({"model": args.model, "dtype": args.dtype, "task": args.task, "difficulty": level, "n": n, "correct": k,
+        print(json.dumps({"model": args.model, "dtype": args.dtype, "task": args.task, "difficulty": level, "n": n,
+                          "correct": k,
                           "accuracy": round(k / n, 3), "ci95": [round(lo, 3), round(hi, 3)],
                           "mean_reward": round(sum(scores) / n, 3), "temperature": args.temperature,
                           "max_new_tokens": args.max_new_tokens, "mean_tokens": round(n_tokens / n, 1),
