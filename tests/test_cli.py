@@ -24,8 +24,8 @@ def test_generate_writes_jsonl(tmp_path, capsys):
     out = tmp_path / "out.jsonl"
     main(["generate", "--model", "tiny-llama", "--prompts", str(prompts), "--num-samples", "2", "--max-new-tokens",
           "5", "--temperature", "0.8", "--mode", "spec", "--draft-len", "2", "--seed", "3", "--output", str(out)])
-    lines = [json.loads(x) for x in out.read_text().splitlines()]
-    assert [x["prompt_index"] for x in lines] == [0, 0, 1, 1]
+    lines = sorted((json.loads(x) for x in out.read_text().splitlines()), key=lambda x: x["index"])  # finish order
+    assert [x["index"] for x in lines] == [0, 1, 2, 3] and [x["prompt_index"] for x in lines] == [0, 0, 1, 1]
     assert all(1 <= len(x["tokens"]) <= 5 and isinstance(x["text"], str) for x in lines)
     stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert stats["mode"] == "spec" and stats["drafted"] > 0
