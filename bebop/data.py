@@ -68,8 +68,9 @@ def make_data(model, tokenizer, out_dir, source="builtin", num_samples=512, held
         with open(path, "a") as f, tqdm(total=n, initial=done[split], desc=f"make-data {split}", unit="seq") as bar:
             for start in range(0, len(todo[split]), batch_size):
                 batch, batch_ids = todo[split][start:start + batch_size], ids[split][start:start + batch_size]
+                first = done[split] + start  # one seed per sequence index: a resumed run draws what a whole one would
                 g = generate(model, batch_ids, max_new_tokens, params, mode="ar",
-                             seed=seed * 7919 + done[split] + start)
+                             seed=[(seed << 32) + first + b for b in range(len(batch))])
                 for (kind, prompt), p_ids, r in zip(batch, batch_ids, g.rollouts):
                     f.write(json.dumps({"kind": kind, "prompt": prompt, "prompt_ids": p_ids,
                                         "completion_ids": r.tokens}) + "\n")
@@ -91,8 +92,8 @@ def complete_lines(path: Path) -> int:
 
 
 def data_identity(data_dir) -> dict:
-    """What a training run was made from: the directory, its meta.json, and a hash of each split file (a
-    resumed run must see byte-identical data)."""
+    """What a training run was made from: its meta.json and a hash of each file (a resumed run must see
+    byte-identical data; the same data moved elsewhere is still the same data)."""
     data_dir = Path(data_dir)
     files = {}
     for name in ("meta.json", *(f"{s}.jsonl" for s in SPLITS)):
@@ -101,7 +102,7 @@ def data_identity(data_dir) -> dict:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
         files[name] = h.hexdigest()
-    return {"path": str(data_dir.resolve()), "meta": load_meta(data_dir), "sha256": files}
+    return {"meta": load_meta(data_dir), "sha256": files}
 
 
 def load_split(data_dir, split: str) -> list[dict]:

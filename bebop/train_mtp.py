@@ -237,7 +237,7 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
         changed = [k for k in identity if saved.get(k) != identity[k]]
         if "data" in changed:
             raise BebopError(f"cannot resume {out}: its checkpoint was trained on other data "
-                             f"({saved.get('data', {}).get('path')}); the data must be byte-identical")
+                             f"({ckpt.meta.get('data_path')}); the data must be byte-identical")
         if changed:
             if "config" in changed:
                 diff = sorted(k for k in identity["config"] if saved["config"].get(k) != identity["config"][k])
@@ -297,7 +297,8 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
         tensors = mtp.state_dict()
         state = {"optimizer": opt.state_dict(), "rng": rng.getstate(), "order": order}
         mtp_config = asdict(mtp.config) | {"meta": {**mtp.config.meta, **provenance, "step": step}}
-        save_checkpoint(ckpt_dir, step, tensors, state, {"identity": identity, "mtp_config": mtp_config})
+        save_checkpoint(ckpt_dir, step, tensors, state, {"identity": identity, "mtp_config": mtp_config,
+                                                         "data_path": str(Path(data_dir).resolve())})
         mtp.save(out, **provenance, step=step)  # the user-facing copy; resumes read the checkpoint above
 
     log = open(metrics_path, "a")
@@ -331,6 +332,8 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
         bar.update(1)
     bar.close()
     log.close()
+    if start_step == cfg.steps:  # resumed a finished run: its user-facing copy may predate the last checkpoint
+        mtp.save(out, **provenance, step=cfg.steps)
     return mtp.eval()
 
 

@@ -253,3 +253,78 @@ def test_bad_input_sweep(bad, capsys, argv, says):
 
 def test_sweep_is_large():
     assert len(SWEEP) >= 60 and len({a[0] if a else "" for a, _ in SWEEP}) >= 6
+
+
+@pytest.fixture(scope="module")
+def short_context_model(tmp_path_factory, load_models):
+    """tiny-llama saved as a local model directory whose config gives it a 256-token context."""
+    hf, _, tok = load_models("tiny-llama")
+    d = tmp_path_factory.mktemp("ctx256")
+    hf.config.max_position_embeddings, old = 256, hf.config.max_position_embeddings
+    try:
+        hf.save_pretrained(d)
+    finally:
+        hf.config.max_position_embeddings = old
+    tok.save_pretrained(d)
+    return d
+
+
+def test_long_prompt_near_the_models_context(short_context_model, tmp_path, capsys):
+    from bebop.models.registry import chat_ids
+
+    model, tok = load_model(str(short_context_model))
+    assert model.max_len == 256  # the context comes from the model's config
+    overhead = len(chat_ids(tok, ""))
+    K, new = 2, 12
+    text = "a" * (256 - overhead - new - (K + 2))  # today's engine reserves K + 2 cache slots past the request
+    out = tmp_path / "out.jsonl"
+    main(["generate", "--model", str(short_context_model), "--prompt", text, "--max-new-tokens", str(new),
+          "--temperature", "0", "--mode", "spec", "--mtp", "random", "--draft-len", str(K), "--output", str(out)])
+    row = json.loads(out.read_text())
+    assert len(row["tokens"]) == new and row["stop_reason"] == "length"
+    capsys.readouterr()
+    err = run_error(capsys, ["generate", "--model", str(short_context_model), "--prompt", text + "a" * (K + 3),
+                             "--max-new-tokens", str(new)])
+    assert f"prompt of {256 - new + 1} tokens + --max-new-tokens {new} exceeds the context" in err
+
+
+def test_generate_streams_rows_as_they_finish(tmp_path, capsys, monkeypatch):
+    """Each row is written when it finishes; an interruption keeps the rows already done."""
+    import bebop.engine
+
+    real, seen = bebop.engine.generate, []
+
+    def interrupted_after_first_row(*args, on_finish, **kw):
+        def first_then_stop(i, r):
+            on_finish(i, r)
+            seen.append(i)
+            raise KeyboardInterrupt
+
+        return real(*args, on_finish=first_then_stop, **kw)
+
+    monkeypatch.setattr(bebop.engine, "generate", interrupted_after_first_row)
+    out = tmp_path / "sub" / "out.jsonl"  # a missing parent directory is made
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "--model", "tiny-llama", "--prompt", "hi", "--num-samples", "3", "--max-new-tokens", "4",
+              "--mode", "ar", "--output", str(out)])
+    assert exc.value.code == 130
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["index"] for r in rows] == seen and len(rows) == 1 and len(rows[0]["tokens"]) >= 1
+
+
+def test_broken_pipe_exits_quietly(capsys, monkeypatch):
+    """`bebop generate ... | head -1`: the reader leaves early; no traceback, no error line. (In-process: a
+    pipe whose reading end is closed, as head leaves it; Python ignores SIGPIPE, so the write raises.)"""
+    import os
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)
+    stdout = os.fdopen(write, "w")
+    monkeypatch.setattr(sys, "stdout", stdout)
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "--model", "tiny-llama", "--prompt", "hi", "--max-new-tokens", "3", "--mode", "ar"])
+    assert exc.value.code == 141
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "error" not in err, err
+    stdout.close()  # its descriptor now points at /dev/null: closing it cannot fail
