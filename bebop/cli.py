@@ -181,16 +181,16 @@ def cmd_generate(args):
     check_model_args(args)
     if args.prompt is not None:
         check_text(args.prompt, "--prompt")
-    if args.output:
+    if args.output is not None:
         check_output_file(args.output, "--output")
     texts = [args.prompt] if args.prompt is not None else load_prompts_file(args.prompts)
     model, tok, mtp = load(args, need_mtp=args.mode != "ar")
     index = [i for i in range(len(texts)) for _ in range(args.num_samples)]
     prompts = [chat_ids(tok, texts[i]) for i in index]
     check_context(model, prompts, args.max_new_tokens)
-    if args.output:
+    if args.output is not None:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    out = open(args.output, "w") if args.output else sys.stdout
+    out = open(args.output, "w") if args.output is not None else sys.stdout
 
     def write(i, r):  # one line per request as soon as it finishes: an interruption keeps what was done
         out.write(json.dumps({"index": i, "prompt_index": index[i], "tokens": r.tokens,
@@ -221,7 +221,7 @@ def cmd_bench(args):
         raise BebopError(f"unknown mode(s) {bad or modes}: choose from {', '.join((*ENGINE_MODES, 'hf'))}")
     at_least(args, 1, "repeats")
     check_model_args(args)
-    if args.json:
+    if args.json is not None:
         check_output_file(args.json, "--json")
     texts = load_prompts_file(args.prompts) if args.prompts else default_prompts(max(batch_sizes))
     model, tok, mtp = load(args, need_mtp=any(m.startswith("spec") for m in modes))
@@ -231,7 +231,7 @@ def cmd_bench(args):
     results = run_bench(model, prompts, batch_sizes, modes, args.draft_len, params, args.max_new_tokens,
                         seed=args.seed, repeats=args.repeats, mtp=mtp, hf_model=hf_model, tokenizer=tok)
     print(format_table(results))
-    if args.json:
+    if args.json is not None:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         mtp_name = None if mtp is None else (args.mtp or mtp.config.meta.get("name", "random"))
         Path(args.json).write_text(json.dumps({"model": args.model, "mtp": mtp_name, "dtype": args.dtype,
