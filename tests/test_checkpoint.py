@@ -50,10 +50,9 @@ def test_an_uncommitted_checkpoint_is_invisible(tmp_path):
 
 # ----- kill at random points, resume, compare with an uninterrupted run -----
 
-STEPS = 16
-TRAIN_ARGS = ["--model", "tiny-llama", "--loss", "kl+e2e-tv", "--draft-len", "2", "--steps", str(STEPS),
-              "--batch-size", "3", "--lr", "3e-3", "--draft-vocab", "64", "--eval-every", "5", "--eval-prompts", "0",
-              "--save-every", "1", "--seed", "5"]
+TRAIN_ARGS = ["--model", "tiny-llama", "--loss", "kl+e2e-tv", "--draft-len", "2", "--batch-size", "3",
+              "--lr", "3e-3", "--draft-vocab", "64", "--eval-every", "5", "--eval-prompts", "0", "--save-every", "1",
+              "--seed", "5"]
 
 
 def tiny_data(out: Path):
@@ -92,56 +91,57 @@ def run(argv, kill_after=None) -> tuple[int | None, float | None]:
     return (None if proc.exitcode == -signal.SIGKILL else proc.exitcode), first
 
 
-def kill_and_resume(tmp: Path, kills: int, seed: int = 0) -> list[dict]:
+def kill_and_resume(tmp: Path, kills: int, seed: int = 0, steps: int = 16) -> list[dict]:
     """`kills` SIGKILLs at random instants of a train-mtp --save-every 1 run (start-up and resume included),
     each followed by --resume; then the final weights and metrics compared with an uninterrupted run.
     Returns one record per kill."""
     rng = random.Random(seed)
+    args = [*TRAIN_ARGS, "--steps", str(steps)]
     data = tmp / "data"
     tiny_data(data)
     t0 = time.time()
-    code, startup = run(["train-mtp", *TRAIN_ARGS, "--data", str(data), "--out", str(tmp / "whole")])
+    code, startup = run(["train-mtp", *args, "--data", str(data), "--out", str(tmp / "whole")])
     assert code == 0
-    per_step = (time.time() - t0 - startup) / STEPS
+    per_step = (time.time() - t0 - startup) / steps
     out = str(tmp / "killed")
     records, resume, step = [], [], 0
     while sum(r["killed"] for r in records) < kills:
-        delay = rng.uniform(0, startup + (STEPS - step) * per_step)  # anywhere in what is left of the run
-        code, _ = run(["train-mtp", *TRAIN_ARGS, "--data", str(data), "--out", out, *resume], kill_after=delay)
+        delay = rng.uniform(0, startup + (steps - step) * per_step)  # anywhere in what is left of the run
+        code, _ = run(["train-mtp", *args, "--data", str(data), "--out", out, *resume], kill_after=delay)
         assert code in (None, 0), Path(out + ".log").read_text()[-2000:]
         ck = load_checkpoint(out + ".ckpt")
         records.append({"kill": len(records), "delay_s": round(delay, 3), "killed": code is None,
                         "step_before": step, "step_after": ck.step if ck else 0,
                         "stale_tmp": len(list(Path(out + ".ckpt").glob(".tmp-*")))})
         step, resume = (ck.step, ["--resume"]) if ck else (0, [])
-        if step == STEPS:  # this run is done: check it, then start over to keep killing runs in progress
+        if step == steps:  # this run is done: check it, then start over to keep killing runs in progress
             if code is None:  # killed after its last checkpoint: a resume has nothing to train, only to finish
-                assert run(["train-mtp", *TRAIN_ARGS, "--data", str(data), "--out", out, *resume])[0] == 0
-            assert_same_as_uninterrupted(tmp / "whole", out)
+                assert run(["train-mtp", *args, "--data", str(data), "--out", out, *resume])[0] == 0
+            assert_same_as_uninterrupted(tmp / "whole", out, steps)
             for p in Path(out).parent.glob(Path(out).name + ".*"):
                 p.unlink() if p.is_file() else shutil.rmtree(p)
             resume, step = [], 0
-    assert run(["train-mtp", *TRAIN_ARGS, "--data", str(data), "--out", out, *resume])[0] == 0, \
+    assert run(["train-mtp", *args, "--data", str(data), "--out", out, *resume])[0] == 0, \
         Path(out + ".log").read_text()[-2000:]
-    assert_same_as_uninterrupted(tmp / "whole", out)
+    assert_same_as_uninterrupted(tmp / "whole", out, steps)
     return records
 
 
-def assert_same_as_uninterrupted(whole, out):
+def assert_same_as_uninterrupted(whole, out, steps):
     ref, done = load_checkpoint(f"{whole}.ckpt"), load_checkpoint(f"{out}.ckpt")
-    assert done.step == ref.step == STEPS
+    assert done.step == ref.step == steps
     assert ref.tensors.keys() == done.tensors.keys()
     for k in ref.tensors:
         assert torch.equal(ref.tensors[k], done.tensors[k]), k
     from safetensors.torch import load_file
     final, ref_final = load_file(f"{out}.safetensors"), load_file(f"{whole}.safetensors")
     assert final.keys() == ref_final.keys() and all(torch.equal(final[k], ref_final[k]) for k in ref_final)
-    steps = [json.loads(x)["step"] for x in Path(f"{out}.metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, STEPS + 1))
+    logged = [json.loads(x)["step"] for x in Path(f"{out}.metrics.jsonl").read_text().splitlines()]
+    assert logged == list(range(1, steps + 1))
 
 
 def test_sigkill_at_random_points_then_resume_gives_the_uninterrupted_weights(tmp_path):
-    records = kill_and_resume(tmp_path, kills=3, seed=1)
+    records = kill_and_resume(tmp_path, kills=3, seed=1, steps=8)
     assert sum(r["killed"] for r in records) == 3
 
 
