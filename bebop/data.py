@@ -117,9 +117,12 @@ def load_split(data_dir, split: str) -> list[dict]:
             continue
         try:
             row = json.loads(line)
-            assert isinstance(row["prompt_ids"], list) and isinstance(row["completion_ids"], list)
-        except (json.JSONDecodeError, KeyError, TypeError, AssertionError):
-            raise BebopError(f"{path}:{lineno}: not a make-data record (needs prompt_ids and completion_ids)") from None
+            ids = row["prompt_ids"] + row["completion_ids"]
+            ok = isinstance(ids, list) and all(type(t) is int and t >= 0 for t in ids)
+        except (json.JSONDecodeError, KeyError, TypeError):
+            ok = False
+        if not ok:  # an explicit check, not an assert: `python -O` would skip that
+            raise BebopError(f"{path}:{lineno}: not a make-data record (needs prompt_ids and completion_ids: lists of token ids)")
         rows.append(row)
     if not rows:
         raise BebopError(f"{path}: empty")

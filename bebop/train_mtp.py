@@ -218,7 +218,7 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
     T = cfg.temperature or meta.get("temperature") or 1.0
     train_rows, heldout_rows = load_split(data_dir, "train"), load_split(data_dir, "heldout")
     vocab = target.cfg.vocab_size
-    for r in train_rows[:50] + heldout_rows[:50]:
+    for r in train_rows + heldout_rows:
         if max(r["prompt_ids"] + r["completion_ids"] + [0]) >= vocab:
             raise BebopError(f"{data_dir}: token ids beyond the vocabulary of '{target.name}' (data of another model?)")
     _, _, ckpt_dir, metrics_path = paths(out)

@@ -100,7 +100,9 @@ def bad(tmp_path_factory, tiny_llama, tiny_qwen3):
     row = json.dumps({"kind": "chat", "prompt": "p", "prompt_ids": [1, 70, 2], "completion_ids": [80, 81, 2]}) + "\n"
     (data / "train.jsonl").write_text(row * 3)
     (data / "heldout.jsonl").write_text(row)
-    for name, train in (("data_badrow", '{"prompt_ids": 5}\n'), ("data_empty", "")):
+    for name, train in (("data_badrow", '{"prompt_ids": 5}\n'), ("data_empty", ""),
+                        ("data_strings", '{"prompt_ids": ["a"], "completion_ids": [1]}\n'),
+                        ("data_beyond_vocab", '{"prompt_ids": [1], "completion_ids": [99999]}\n')):
         (d / name).mkdir()
         (d / name / "meta.json").write_text(json.dumps(meta))
         (d / name / "train.jsonl").write_text(train)
@@ -214,6 +216,8 @@ SWEEP = [  # (arguments, what the one line must say)
     (TRAIN + ["--data", "{d}/data_badmeta"], "cannot read meta.json"),
     (TRAIN + ["--data", "{d}/data_badrow"], "train.jsonl:1: not a make-data record"),
     (TRAIN + ["--data", "{d}/data_empty"], "train.jsonl: empty"),
+    (TRAIN + ["--data", "{d}/data_strings"], "train.jsonl:1: not a make-data record"),
+    (TRAIN + ["--data", "{d}/data_beyond_vocab"], "token ids beyond the vocabulary"),
     (TRAIN + ["--init", "{d}/missing"], "--init"),
     (TRAIN + ["--mtp", "{d}/missing"], "no MTP checkpoint there"),
     (TRAIN + ["--out", "{d}/adir"], "is a directory; --out is a path prefix"),
