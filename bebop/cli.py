@@ -327,7 +327,7 @@ def cmd_compare_losses(args):
 
 def cmd_analyze_entropy(args):
     from bebop.analysis.entropy import collect, summarize, write_report
-    from bebop.models.registry import chat_ids, check_model_dir, load_model
+    from bebop.models.registry import chat_ids, check_model, load_model
     from bebop.tasks import default_prompts, load_prompts_file
 
     temperatures = number_list(args.temperatures, float, 0)
@@ -336,11 +336,9 @@ def cmd_analyze_entropy(args):
         raise BebopError(f"--draft-len must be in 1..{MAX_DRAFT_LEN}, got {args.draft_len}")
     check_seed(args)
     check_model_args(args)
-    for path in args.policy:
+    for path in args.policy:  # a registry name or a model directory, like --model
         check_text(path, "--policy")
-        if not os.path.isdir(path):
-            raise BebopError(f"--policy {path}: not a model directory")
-        check_model_dir(path)
+        check_model(path)
     check_output_dir(args.out, "--out")
     texts = load_prompts_file(args.prompts) if args.prompts else default_prompts(args.num_prompts)
     policies = [(args.model, "base")] + [(p, Path(p).name) for p in args.policy]

@@ -241,7 +241,7 @@ SWEEP = [  # (arguments, what the one line must say)
     (ENT + ["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     (ENT + ["--temperatures", ""], "values >= 0"),
     (ENT + ["--seed", str(2**70)], "--seed"),
-    (ENT + ["--policy", "{d}/missing"], "not a model directory"),
+    (ENT + ["--policy", "{d}/missing"], "unknown model"),
     (ENT + ["--policy", "{d}/broken_config"], "config.json is unreadable"),
     (ENT + ["--out", "{d}/afile"], "exists and is not a directory"),
     (ENT + ["--mtp", "{d}/missing"], "no MTP checkpoint there"),
