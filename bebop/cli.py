@@ -1,13 +1,29 @@
-"""The `bebop` command line. Bad input gets one line on stderr and exit status 2, never a traceback."""
+"""The `bebop` command line. Bad input gets one line on stderr and exit status 2, never a traceback.
+
+Every command checks all of its options first (ranges, files that must exist, outputs that must be
+writable), before any model loads, so a mistake costs a second rather than a run.
+"""
 
 import argparse
 import json
+import math
+import os
 import sys
 from pathlib import Path
 
 from bebop.errors import BebopError
 
 MODES = ("ar", "spec", "spec-greedy")
+MAX_DRAFT_LEN = 64  # far beyond any useful draft; bounds the per-step buffers
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's own errors (a missing option, 'abc' for a number) in the same one-line form as ours."""
+
+    def error(self, message):
+        command = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
+        print(f"bebop: error: {command}{message}", file=sys.stderr)
+        sys.exit(2)
 
 
 def number_list(text: str, kind=int, minimum=1) -> list:
@@ -16,6 +32,8 @@ def number_list(text: str, kind=int, minimum=1) -> list:
         values = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise BebopError(f"expected comma-separated {kind.__name__} values, got '{text}'") from None
+    if not all(map(math.isfinite, values)):
+        raise BebopError(f"expected finite values, got '{text}'")
     if not values or min(values) < minimum:
         raise BebopError(f"expected values >= {minimum}, got '{text}'")
     return values
@@ -39,13 +57,95 @@ def add_sampling_args(p, temperature=1.0):
     p.add_argument("--seed", type=int, default=0)
 
 
+# ----- up-front checks: each raises BebopError naming the option -----
+
+def at_least(args, minimum, *names):
+    for name in names:
+        value = getattr(args, name)
+        if value < minimum:
+            raise BebopError(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
+
+
+def check_seed(args):
+    if not 0 <= args.seed < 2**63:
+        raise BebopError(f"--seed must be in 0..2**63-1, got {args.seed}")
+
+
+def check_text(text, flag):
+    """Command-line text arrives with undecodable bytes as surrogates (PEP 383): refuse them here."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BebopError(f"{flag} is not valid UTF-8 text") from None
+
+
+def writable_parent(path: Path, flag: str):
+    """The nearest existing ancestor of `path` must be a writable directory (missing ones are made later)."""
+    parent = path.parent.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise BebopError(f"{flag} {path}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise BebopError(f"{flag} {path}: directory {parent} is not writable")
+
+
+def check_output_file(path, flag):
+    check_text(path, flag)
+    path = Path(path)
+    if path.is_dir():
+        raise BebopError(f"{flag} {path}: is a directory, expected a file name")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise BebopError(f"{flag} {path}: file is not writable")
+    writable_parent(path, flag)
+
+
+def check_output_dir(path, flag):
+    check_text(path, flag)
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise BebopError(f"{flag} {path}: exists and is not a directory")
+    if path.exists() and not os.access(path, os.W_OK | os.X_OK):
+        raise BebopError(f"{flag} {path}: directory is not writable")
+    writable_parent(path, flag)
+
+
+def check_mtp_file(spec, flag="--mtp"):
+    """A given MTP checkpoint must exist, whatever the mode ('random' is a name, not a file)."""
+    if spec is None or spec == "random":
+        return
+    check_text(spec, flag)
+    path = Path(spec)
+    weights, config = path.with_suffix(".safetensors"), path.with_suffix(".json")
+    if not weights.is_file() or not config.is_file():
+        raise BebopError(f"{flag} {spec}: no MTP checkpoint there (needs {weights.name} and {config.name})")
+
+
+def check_model_args(args):
+    from bebop.models.registry import check_model
+
+    check_text(args.model, "--model")
+    check_model(args.model)
+    check_mtp_file(args.mtp)
+
+
+def check_context(model, prompts, max_new_tokens):
+    """A request must fit the model's context: prompt + new tokens <= max_position_embeddings."""
+    longest = max(map(len, prompts))
+    if longest + max_new_tokens > model.max_len:
+        raise BebopError(f"prompt of {longest} tokens + --max-new-tokens {max_new_tokens} exceeds the context of "
+                         f"'{model.name}' ({model.max_len} tokens)")
+
+
 def sampling_params(args):
     from bebop.sampling import SamplingParams
 
-    if args.draft_len < 0:
-        raise BebopError(f"--draft-len must be >= 0, got {args.draft_len}")
-    if args.max_new_tokens < 1:
-        raise BebopError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not 0 <= args.draft_len <= MAX_DRAFT_LEN:
+        raise BebopError(f"--draft-len must be in 0..{MAX_DRAFT_LEN}, got {args.draft_len}")
+    at_least(args, 1, "max_new_tokens")
+    check_seed(args)
+    if not math.isfinite(args.temperature):
+        raise BebopError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     try:
         return SamplingParams(args.temperature, args.top_p, args.top_k)
     except ValueError as e:
@@ -79,21 +179,33 @@ def cmd_generate(args):
     params = sampling_params(args)
     if (args.prompt is None) == (args.prompts is None):
         raise BebopError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
-    if args.num_samples < 1:
-        raise BebopError(f"--num-samples must be >= 1, got {args.num_samples}")
+    at_least(args, 1, "num_samples")
+    check_model_args(args)
+    if args.prompt is not None:
+        check_text(args.prompt, "--prompt")
+    if args.output is not None:
+        check_output_file(args.output, "--output")
     texts = [args.prompt] if args.prompt is not None else load_prompts_file(args.prompts)
     model, tok, mtp = load(args, need_mtp=args.mode != "ar")
     index = [i for i in range(len(texts)) for _ in range(args.num_samples)]
     prompts = [chat_ids(tok, texts[i]) for i in index]
-    g = generate(model, prompts, args.max_new_tokens, params, mode=args.mode, mtp=mtp, draft_len=args.draft_len,
-                 seed=args.seed, progress=True)
-    lines = [json.dumps({"prompt_index": i, "tokens": r.tokens, "text": tok.decode(r.tokens, skip_special_tokens=True),
-                         "logprobs": r.logprobs, "stop_reason": r.stop_reason}) + "\n"
-             for i, r in zip(index, g.rollouts)]
-    if args.output:
-        Path(args.output).write_text("".join(lines))
-    else:
-        sys.stdout.writelines(lines)
+    check_context(model, prompts, args.max_new_tokens)
+    if args.output is not None:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    out = open(args.output, "w") if args.output is not None else sys.stdout
+
+    def write(i, r):  # one line per request as soon as it finishes: an interruption keeps what was done
+        out.write(json.dumps({"index": i, "prompt_index": index[i], "tokens": r.tokens,
+                              "text": tok.decode(r.tokens, skip_special_tokens=True), "logprobs": r.logprobs,
+                              "stop_reason": r.stop_reason}) + "\n")
+        out.flush()
+
+    try:
+        g = generate(model, prompts, args.max_new_tokens, params, mode=args.mode, mtp=mtp, draft_len=args.draft_len,
+                     seed=args.seed, progress=True, on_finish=write)
+    finally:
+        if out is not sys.stdout:
+            out.close()
     print(json.dumps({"mode": args.mode, **g.stats.summary()}), file=sys.stderr)
 
 
@@ -109,12 +221,15 @@ def cmd_bench(args):
     bad = [m for m in modes if m not in (*ENGINE_MODES, "hf")]
     if bad or not modes:
         raise BebopError(f"unknown mode(s) {bad or modes}: choose from {', '.join((*ENGINE_MODES, 'hf'))}")
-    if args.repeats < 1:
-        raise BebopError(f"--repeats must be >= 1, got {args.repeats}")
+    at_least(args, 1, "repeats")
+    check_model_args(args)
+    if args.json is not None:
+        check_output_file(args.json, "--json")
     texts = load_prompts_file(args.prompts) if args.prompts else default_prompts(max(batch_sizes))
     model, tok, mtp = load(args, need_mtp=any(m.startswith("spec") for m in modes))
-    hf_model = load_hf(args.model)[0].to(model.embed.weight.dtype) if "hf" in modes else None
     prompts = [chat_ids(tok, t) for t in texts]
+    check_context(model, prompts, args.max_new_tokens)
+    hf_model = load_hf(args.model)[0].to(model.embed.weight.dtype) if "hf" in modes else None
     results = run_bench(model, prompts, batch_sizes, modes, args.draft_len, params, args.max_new_tokens,
                         seed=args.seed, repeats=args.repeats, mtp=mtp, hf_model=hf_model, tokenizer=tok,
                         ignore_eos=args.ignore_eos)
@@ -122,7 +237,7 @@ def cmd_bench(args):
     print(f"{args.model}, --dtype {args.dtype}: " + ", ".join(f"{k} {v}" for k, v in env.items())
           + (", fixed length (--ignore-eos)" if args.ignore_eos else ", requests stop at EOS"))
     print(format_table(results))
-    if args.json:
+    if args.json is not None:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         mtp_name = None if mtp is None else (args.mtp or mtp.config.meta.get("name", "random"))
         Path(args.json).write_text(json.dumps({"model": args.model, "mtp": mtp_name, **env, "dtype_requested": args.dtype,
@@ -132,11 +247,17 @@ def cmd_bench(args):
 def cmd_make_data(args):
     from bebop.data import make_data
 
+    from bebop.tasks import load_prompts_file
+
     params = sampling_params(args)
-    if args.num_samples < 1 or args.heldout_samples < 1:
-        raise BebopError("--num-samples and --heldout-samples must be >= 1")
-    if args.prompts != "builtin" and not Path(args.prompts).is_file():
-        raise BebopError(f"--prompts must be 'builtin' or a JSONL file; '{args.prompts}' is neither")
+    at_least(args, 1, "num_samples", "heldout_samples", "batch_size")
+    check_model_args(args)
+    check_output_dir(args.out, "--out")
+    if args.prompts != "builtin":
+        if not Path(args.prompts).is_file():
+            raise BebopError(f"--prompts must be 'builtin' or a JSONL file; '{args.prompts}' is neither")
+        if len(load_prompts_file(args.prompts)) < 2:
+            raise BebopError(f"{args.prompts}: needs at least 2 prompts to hold one out")
     model, tok, _ = load(args, need_mtp=False)
     out = make_data(model, tok, args.out, source=args.prompts, num_samples=args.num_samples,
                     heldout_samples=args.heldout_samples, params=params, max_new_tokens=args.max_new_tokens,
@@ -145,15 +266,23 @@ def cmd_make_data(args):
 
 
 def train_config(args):
+    from bebop.data import load_meta, load_split
     from bebop.train_mtp import LOSSES, TrainConfig
 
     if args.loss not in LOSSES:
         raise BebopError(f"unknown loss '{args.loss}' (choose from {', '.join(LOSSES)})")
-    for name in ("steps", "batch_size", "draft_len"):
-        if getattr(args, name) < 1:
-            raise BebopError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if not args.lr > 0:
-        raise BebopError(f"--lr must be > 0, got {args.lr}")
+    at_least(args, 1, "steps", "batch_size", "draft_len", "max_seq_len", "eval_every", "save_every")
+    at_least(args, 0, "draft_vocab", "eval_prompts")
+    if args.draft_len > MAX_DRAFT_LEN:
+        raise BebopError(f"--draft-len must be in 1..{MAX_DRAFT_LEN}, got {args.draft_len}")
+    if not (args.lr > 0 and math.isfinite(args.lr)):
+        raise BebopError(f"--lr must be a finite number > 0, got {args.lr}")
+    check_seed(args)
+    check_model_args(args)
+    check_text(args.data, "--data")
+    load_meta(args.data)
+    load_split(args.data, "train")
+    load_split(args.data, "heldout")
     return TrainConfig(loss=args.loss, draft_len=args.draft_len, steps=args.steps, batch_size=args.batch_size,
                        lr=args.lr, draft_vocab=args.draft_vocab, eval_every=args.eval_every,
                        save_every=args.save_every, eval_prompts=args.eval_prompts, seed=args.seed,
@@ -162,9 +291,20 @@ def train_config(args):
 
 def cmd_train_mtp(args):
     from bebop.models.registry import load_model
-    from bebop.train_mtp import train_mtp
+    from bebop.train_mtp import has_checkpoint, paths, train_mtp
 
     cfg = train_config(args)
+    check_mtp_file(args.init, "--init")
+    check_text(args.out, "--out")
+    if Path(args.out).is_dir() or args.out.endswith(os.sep):
+        raise BebopError(f"--out {args.out}: is a directory; --out is a path prefix (OUT.safetensors, OUT.json, ...)")
+    for path in paths(args.out)[:2]:
+        check_output_file(str(path), "--out")
+    if args.resume and not has_checkpoint(args.out):
+        raise BebopError(f"nothing to resume: no checkpoint in {paths(args.out)[2]} (run without --resume to start)")
+    if not args.resume and has_checkpoint(args.out):
+        raise BebopError(f"{args.out} already holds a training run ({paths(args.out)[2]}); pass --resume to "
+                         f"continue it, or choose another --out")
     model, _ = load_model(args.model)
     train_mtp(model, args.data, args.out, cfg, init=args.init, resume=args.resume,
               command="bebop " + " ".join(sys.argv[1:]))
@@ -183,6 +323,8 @@ def cmd_compare_losses(args):
     args.loss = names[0]
     cfg = train_config(args)
     temperatures = number_list(args.temperatures, float, 0)
+    at_least(args, 1, "eval_samples", "eval_new_tokens")
+    check_output_dir(args.out, "--out")
     model, _ = load_model(args.model)
     compare_losses(model, args.data, names, cfg, args.out, temperatures=temperatures,
                    eval_prompts=args.eval_samples, eval_new_tokens=args.eval_new_tokens, seed=args.seed)
@@ -191,12 +333,19 @@ def cmd_compare_losses(args):
 
 def cmd_analyze_entropy(args):
     from bebop.analysis.entropy import collect, summarize, write_report
-    from bebop.models.registry import chat_ids, load_model
+    from bebop.models.registry import chat_ids, check_model, load_model
     from bebop.tasks import default_prompts, load_prompts_file
 
     temperatures = number_list(args.temperatures, float, 0)
-    if args.draft_len < 1:
-        raise BebopError(f"--draft-len must be >= 1, got {args.draft_len}")
+    at_least(args, 1, "draft_len", "num_prompts", "max_new_tokens", "bootstrap")
+    if args.draft_len > MAX_DRAFT_LEN:
+        raise BebopError(f"--draft-len must be in 1..{MAX_DRAFT_LEN}, got {args.draft_len}")
+    check_seed(args)
+    check_model_args(args)
+    for path in args.policy:  # a registry name or a model directory, like --model
+        check_text(path, "--policy")
+        check_model(path)
+    check_output_dir(args.out, "--out")
     texts = load_prompts_file(args.prompts) if args.prompts else default_prompts(args.num_prompts)
     policies = [(args.model, "base")] + [(p, Path(p).name) for p in args.policy]
     parts = []
@@ -204,6 +353,7 @@ def cmd_analyze_entropy(args):
         model, tok = load_model(path)
         mtp = pick_mtp(args.mtp, model)
         prompts = [chat_ids(tok, t) for t in texts]
+        check_context(model, prompts, args.max_new_tokens)
         parts.append(collect(model, mtp, prompts, temperatures, args.draft_len, args.max_new_tokens,
                              seed=args.seed, policy=label))
     import numpy as np
@@ -230,7 +380,7 @@ def add_train_args(p):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="bebop", description=__doc__)
+    parser = Parser(prog="bebop", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("generate", help="sample completions (plain or speculative)")
@@ -312,6 +462,13 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("bebop: interrupted", file=sys.stderr)
         sys.exit(130)
+    except BrokenPipeError:  # the reader went away (`bebop generate ... | head -1`): stop quietly, like `cat`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        sys.exit(141)
+    except OSError as e:  # the disk or the file system refused (full, read-only, vanished): one line, no trace
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"bebop: error: {e.strerror or e}{where}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from bebop.data import load_split
 from bebop.engine import generate
 from bebop.mtp import load_mtp
 from bebop.sampling import SamplingParams
-from bebop.train_mtp import TrainConfig, train_mtp
+from bebop.train_mtp import TrainConfig, has_checkpoint, train_mtp
 
 
 def evaluate_mtp(target, mtp, prompts, temperatures, draft_len, max_new_tokens, seed=0) -> list[dict]:
@@ -36,7 +36,7 @@ def compare_losses(target, data_dir, loss_names, cfg: TrainConfig, out_dir, temp
                 "seed": seed, "config": vars(cfg)}
     for name in loss_names:
         ckpt = out / f"mtp-{name}"
-        train_mtp(target, data_dir, ckpt, replace(cfg, loss=name), resume=True)
+        train_mtp(target, data_dir, ckpt, replace(cfg, loss=name), resume=has_checkpoint(ckpt))
         done = out / f"eval-{name}.json"  # evaluations are kept too, so a rerun only does what is missing
         saved = json.loads(done.read_text()) if done.exists() else {}
         if saved.get("settings") != {**settings, "config": vars(replace(cfg, loss=name))}:

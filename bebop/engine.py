@@ -77,7 +77,7 @@ class Generation:
 
 def row_generators(seed: int | list[int], batch: int) -> list[torch.Generator]:
     seeds = seed if isinstance(seed, list) else [seed * 1_000_003 + b for b in range(batch)]
-    return [torch.Generator().manual_seed(int(s)) for s in seeds]
+    return [torch.Generator().manual_seed(int(s) % 2**64) for s in seeds]  # any int seed; torch takes 64 bits
 
 
 def right_pad(seqs: list[list[int]], pad: int = 0) -> torch.Tensor:
@@ -117,9 +117,11 @@ def draft(mtp: MTP, tokens, hidden, count, cache, K, params, greedy, u):
 @torch.inference_mode()
 def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams = SamplingParams(),
              mode: str = "ar", mtp: MTP | None = None, draft_len: int = 3, seed: int | list[int] = 0,
-             eos_ids: list[int] | None = None, trace: bool = False, progress: bool = False) -> Generation:
+             eos_ids: list[int] | None = None, trace: bool = False, progress: bool = False,
+             on_finish=None) -> Generation:
     """Generate up to `max_new_tokens` per prompt (token-id lists). `eos_ids` stop a row (default: the
-    model's); pass [] to ignore EOS (benchmarks). `seed` is one base seed or one seed per row."""
+    model's); pass [] to ignore EOS (benchmarks). `seed` is one base seed or one seed per row.
+    `on_finish(index, rollout)` is called once per prompt as soon as its rollout is complete (streaming)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode '{mode}' (choose from {', '.join(MODES)})")
     if draft_len < 0:
@@ -174,6 +176,8 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
                 if toks[i] in eos_set or len(ro.tokens) >= max_new_tokens:
                     ro.stop_reason = "eos" if toks[i] in eos_set else "length"
                     finished.append(r)
+                    if on_finish is not None:
+                        on_finish(int(active[r]), ro)
                     break
         bar.update(stats.tokens - before)
         if finished:

@@ -12,11 +12,13 @@ A checkpoint is `NAME.safetensors` (the MTP's own weights) plus `NAME.json` (its
 """
 
 import json
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -130,15 +132,21 @@ class MTP(nn.Module):
 
     # ----- checkpoints -----
     def save(self, path: str | Path, **meta):
+        """Write NAME.safetensors + NAME.json. Both carry the same random `save_id` (the weights in their
+        safetensors metadata), and each is written to a temporary name then renamed, so a reader can tell a
+        matching pair from one torn by a crash between the two renames (load_mtp refuses that)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.config.meta.update(meta)
+        save_id = uuid.uuid4().hex
         state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
-        tmp = path.with_suffix(".tmp")
-        save_file(state, str(tmp))
-        config = asdict(self.config) | {"target": target_signature(self.target)}
-        path.with_suffix(".json").write_text(json.dumps(config, indent=1))
-        tmp.replace(path.with_suffix(".safetensors"))
+        weights, config_path = path.with_suffix(".safetensors"), path.with_suffix(".json")
+        tmp_weights, tmp_config = path.with_suffix(".safetensors.tmp"), path.with_suffix(".json.tmp")
+        save_file(state, str(tmp_weights), metadata={"save_id": save_id})
+        config = asdict(self.config) | {"target": target_signature(self.target), "save_id": save_id}
+        tmp_config.write_text(json.dumps(config, indent=1))
+        tmp_weights.replace(weights)
+        tmp_config.replace(config_path)
 
 
 def target_signature(target: Decoder) -> dict:
@@ -176,19 +184,32 @@ def load_mtp(path: str | Path, target: Decoder) -> MTP:
     try:
         raw = json.loads(config_path.read_text())
         state = load_file(str(weights))
+        with safe_open(str(weights), "pt") as f:
+            weights_id = (f.metadata() or {}).get("save_id")
     except Exception as e:  # a truncated or foreign file: say which
         raise BebopError(f"cannot read MTP checkpoint '{path}': {e}") from None
+    if not isinstance(raw, dict):
+        raise BebopError(f"cannot read MTP checkpoint '{path}': {config_path.name} is not a JSON object")
+    if raw.get("save_id") != weights_id:  # older checkpoints have neither: None == None
+        raise BebopError(f"MTP checkpoint '{path}': {weights.name} and {config_path.name} come from different "
+                         f"saves (a write was interrupted); resume the training run or save it again")
+    return mtp_from_state(target, state, raw, str(path))
+
+
+def mtp_from_state(target: Decoder, state: dict, raw: dict, where: str) -> MTP:
+    """An MTP for `target` from a state dict and its config (as MTP.save writes it), checking that it fits."""
     config = MTPConfig(dim=raw.get("dim", 0), draft_vocab_size=raw.get("draft_vocab_size", 0), meta=raw.get("meta", {}))
     mtp = MTP(target, config)
     expected = {k: v.shape for k, v in mtp.state_dict().items() if k != "vocab_ids"}
     got = {k: v.shape for k, v in state.items() if k != "vocab_ids"}
     if expected != got:
         bad = sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
-        raise BebopError(f"MTP checkpoint '{path}' does not fit model '{getattr(target, 'name', '?')}': "
+        raise BebopError(f"MTP checkpoint '{where}' does not fit model '{getattr(target, 'name', '?')}': "
                          f"mismatched weights {bad[:4]}{' ...' if len(bad) > 4 else ''}")
+    state = dict(state)
     vocab_ids = state.pop("vocab_ids", torch.arange(0))
     if len(vocab_ids) and int(vocab_ids.max()) >= target.cfg.vocab_size:
-        raise BebopError(f"MTP checkpoint '{path}' has draft token ids beyond the model's vocabulary")
+        raise BebopError(f"MTP checkpoint '{where}' has draft token ids beyond the model's vocabulary")
     mtp.load_state_dict(state, strict=False)
     mtp.set_draft_vocab(vocab_ids if len(vocab_ids) else None)
     return mtp.to(target.embed.weight.dtype).eval()

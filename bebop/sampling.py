@@ -27,11 +27,14 @@ class SamplingParams:
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Float32 probabilities [..., V] after temperature, top-k and top-p. Temperature 0 is one-hot argmax."""
+    """Float32 probabilities [..., V] after temperature, top-k and top-p. Temperature 0 is one-hot argmax, and
+    so is any temperature below float32's smallest normal number (dividing by it overflows; the limit T -> 0
+    is argmax anyway)."""
     logits = logits.float()
-    if params.temperature == 0:
+    if params.temperature < torch.finfo(torch.float32).tiny:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    logits = logits / params.temperature
+    # shift the maximum to 0 before dividing: a small T then sends the others to -inf, never to inf - inf = NaN
+    logits = (logits - logits.amax(-1, keepdim=True)) / params.temperature
     if 0 < params.top_k < logits.shape[-1]:
         kth = logits.topk(params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

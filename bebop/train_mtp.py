@@ -4,7 +4,8 @@ Read top to bottom: data -> target features (one target forward per sequence, ca
 so its hidden states never change) -> the MTP unrolled K depths on its own hidden states, exactly as at
 inference (bebop.mtp.MTP.unroll) -> a loss from bebop.losses -> AdamW with warm-up and cosine decay, gradient
 clipping -> periodic held-out evaluation (teacher-forced acceptance, and real speculative acceptance from the
-engine) -> checkpoints that resume.
+engine) -> checkpoints that resume (bebop.checkpoint: one commit point each; a resume refuses other data or
+settings).
 
 Depth k anchored at position t predicts token t + k + 1; its teacher distribution is the target's p at
 position t + k, after the data's temperature. Only predictions of completion tokens are trained on.
@@ -24,10 +25,11 @@ import torch
 from tqdm import tqdm
 
 from bebop import losses
-from bebop.data import load_meta, load_split
+from bebop.checkpoint import load_checkpoint, save_checkpoint
+from bebop.data import data_identity, load_meta, load_split
 from bebop.engine import generate
 from bebop.errors import BebopError
-from bebop.mtp import MTP, load_mtp, new_mtp
+from bebop.mtp import MTP, load_mtp, mtp_from_state, new_mtp, target_signature
 from bebop.sampling import SamplingParams
 
 LOSSES = ("ce", "kl", "tv", "e2e-tv", "lk", "kl+e2e-tv")
@@ -192,38 +194,64 @@ def spec_eval(mtp, rows, K, T, n_prompts, max_new_tokens, seed=0) -> dict:
 
 
 def paths(out):
+    """OUT.safetensors + OUT.json (the finished MTP, loadable by `--mtp OUT`), OUT.ckpt/ (training checkpoints:
+    weights, optimizer, RNG and data order, committed together) and OUT.metrics.jsonl."""
     out = Path(out)
-    return out.with_suffix(".safetensors"), out.with_suffix(".json"), out.with_suffix(".train.pt"), \
+    return out.with_suffix(".safetensors"), out.with_suffix(".json"), out.with_suffix(".ckpt"), \
         out.with_suffix(".metrics.jsonl")
+
+
+def has_checkpoint(out) -> bool:
+    return load_checkpoint(paths(out)[2]) is not None
 
 
 def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, resume: bool = False,
               progress: bool = True, command: str | None = None) -> MTP:
+    """Train an MTP for `target` on a make-data directory. `resume`: continue OUT's last checkpoint (an error
+    if there is none, or if it was made with other data, settings, model or init); without it, an existing
+    checkpoint at OUT is an error too, so nothing made earlier is overwritten silently."""
     if cfg.loss not in LOSSES:
         raise BebopError(f"unknown loss '{cfg.loss}' (choose from {', '.join(LOSSES)})")
+    if cfg.max_seq_len > target.max_len:
+        raise BebopError(f"--max-seq-len {cfg.max_seq_len} exceeds the context of '{target.name}' ({target.max_len})")
     meta = load_meta(data_dir)
     T = cfg.temperature or meta.get("temperature") or 1.0
     train_rows, heldout_rows = load_split(data_dir, "train"), load_split(data_dir, "heldout")
     vocab = target.cfg.vocab_size
-    for r in train_rows[:50] + heldout_rows[:50]:
+    for r in train_rows + heldout_rows:
         if max(r["prompt_ids"] + r["completion_ids"] + [0]) >= vocab:
             raise BebopError(f"{data_dir}: token ids beyond the vocabulary of '{target.name}' (data of another model?)")
-    weights_path, _, state_path, metrics_path = paths(out)
-    weights_path.parent.mkdir(parents=True, exist_ok=True)
+    _, _, ckpt_dir, metrics_path = paths(out)
+    # what a resume must match: a checkpoint only continues the very run that wrote it
+    identity = {"config": asdict(cfg), "data": data_identity(data_dir), "init": init,
+                "target": target_signature(target)}
 
-    if resume and state_path.exists():
-        mtp = load_mtp(weights_path, target)
-        state = torch.load(state_path, weights_only=False)
-        if state["config"] != asdict(cfg):
-            changed = sorted(k for k in state["config"] if state["config"][k] != asdict(cfg).get(k))
-            raise BebopError(f"cannot resume {out}: settings differ from the checkpoint's ({', '.join(changed)})")
-        start_step = state["step"]
+    ckpt = load_checkpoint(ckpt_dir)
+    if resume and ckpt is None:
+        raise BebopError(f"nothing to resume: no checkpoint in {ckpt_dir} (run without --resume to start)")
+    if not resume and ckpt is not None:
+        raise BebopError(f"{out} already holds a training run (checkpoint at step {ckpt.step} in {ckpt_dir}); "
+                         f"pass --resume to continue it, or choose another --out")
+    if ckpt is not None:
+        saved = ckpt.meta.get("identity", {})
+        changed = [k for k in identity if saved.get(k) != identity[k]]
+        if "data" in changed:
+            raise BebopError(f"cannot resume {out}: its checkpoint was trained on other data "
+                             f"({ckpt.meta.get('data_path')}); the data must be byte-identical")
+        if changed:
+            if "config" in changed:
+                diff = sorted(k for k in identity["config"] if saved["config"].get(k) != identity["config"][k])
+                changed[changed.index("config")] = f"settings: {', '.join(diff)}"
+            raise BebopError(f"cannot resume {out}: it differs from the checkpoint in {'; '.join(changed)}")
+        mtp = mtp_from_state(target, ckpt.tensors, ckpt.meta["mtp_config"], str(ckpt.path))
+        state, start_step = ckpt.state, ckpt.step
     else:
         mtp = load_mtp(init, target) if init else new_mtp(target, seed=cfg.seed)
         if cfg.draft_vocab:
             mtp.set_draft_vocab(frequent_tokens(train_rows, cfg.draft_vocab, always=getattr(target, "eos_ids", [])))
         state, start_step = None, 0
         metrics_path.unlink(missing_ok=True)
+    metrics_path.parent.mkdir(parents=True, exist_ok=True)
     mtp.train()
     params = [p for p in mtp.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
@@ -241,9 +269,12 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
         opt.load_state_dict(state["optimizer"])
         rng.setstate(state["rng"])
         order = state["order"]
-        if metrics_path.exists():  # drop rows logged after the checkpoint: they are about to be redone
-            rows = [r for r in metrics_path.read_text().splitlines() if json.loads(r)["step"] <= start_step]
-            metrics_path.write_text("".join(r + "\n" for r in rows))
+        if metrics_path.exists():  # drop rows logged after the checkpoint (and a torn last line): redone next
+            rows = [r for r in metrics_path.read_text().splitlines() if logged_step(r) <= start_step]
+            tmp = metrics_path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(r + "\n" for r in rows))
+            tmp.replace(metrics_path)
+
     def features(rows, split):
         name = f"features-{split}-{getattr(target, 'name', 'model')}-T{T:g}-L{cfg.max_seq_len}.pt".replace("/", "_")
         return TargetFeatures(target, rows, T, cfg.max_seq_len, Path(data_dir) / name, progress=progress)
@@ -263,11 +294,12 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
         return row
 
     def checkpoint(step):
-        mtp.save(weights_path, **provenance, step=step)
-        tmp = state_path.with_suffix(".tmp")
-        torch.save({"step": step, "optimizer": opt.state_dict(), "rng": rng.getstate(), "order": order,
-                    "config": asdict(cfg)}, tmp)
-        tmp.replace(state_path)
+        tensors = mtp.state_dict()
+        state = {"optimizer": opt.state_dict(), "rng": rng.getstate(), "order": order}
+        mtp_config = asdict(mtp.config) | {"meta": {**mtp.config.meta, **provenance, "step": step}}
+        save_checkpoint(ckpt_dir, step, tensors, state, {"identity": identity, "mtp_config": mtp_config,
+                                                         "data_path": str(Path(data_dir).resolve())})
+        mtp.save(out, **provenance, step=step)  # the user-facing copy; resumes read the checkpoint above
 
     log = open(metrics_path, "a")
     bar = tqdm(total=cfg.steps, initial=start_step, desc=f"train-mtp {cfg.loss}", disable=not progress)
@@ -300,4 +332,14 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
         bar.update(1)
     bar.close()
     log.close()
+    if start_step == cfg.steps:  # resumed a finished run: its user-facing copy may predate the last checkpoint
+        mtp.save(out, **provenance, step=cfg.steps)
     return mtp.eval()
+
+
+def logged_step(line: str) -> int:
+    """The step of a metrics line; a line torn by a crash counts as after every checkpoint."""
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return 1 << 62

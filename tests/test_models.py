@@ -174,3 +174,35 @@ def test_directory_with_unsupported_model_type(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(BebopError, match="not supported"):
         registry.load_hf(str(tmp_path))
+
+
+def test_context_length_comes_from_the_config(tmp_path, load_models):
+    hf, _, tok = load_models("tiny-qwen3")
+    old, hf.config.max_position_embeddings = hf.config.max_position_embeddings, 300
+    try:
+        hf.save_pretrained(tmp_path)
+    finally:
+        hf.config.max_position_embeddings = old
+    tok.save_pretrained(tmp_path)
+    model, _ = registry.load_model(str(tmp_path))
+    assert model.max_len == 300
+    assert registry.load_model("tiny-llama")[0].max_len == 4096
+    smollm2 = registry.cache_dir() / "smollm2-135m" / "config.json"
+    if smollm2.exists():  # SmolLM2's own config (the cached copy; not loaded here, that costs seconds)
+        assert json.loads(smollm2.read_text())["max_position_embeddings"] == 8192
+
+
+@pytest.mark.parametrize("broken", ["config", "weights", "tokenizer"])
+def test_broken_model_directory_is_one_clear_error(tmp_path, load_models, broken):
+    hf, _, tok = load_models("tiny-llama")
+    hf.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    if broken == "config":
+        (tmp_path / "config.json").write_text('{"model_type": "llama", ')
+    elif broken == "weights":
+        (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    else:
+        for f in tmp_path.glob("tokenizer*"):
+            f.unlink()
+    with pytest.raises(BebopError, match="config.json is unreadable|cannot load model|no tokenizer"):
+        registry.load_model(str(tmp_path))

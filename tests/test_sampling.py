@@ -365,6 +365,30 @@ def test_probabilities_temperature_zero_is_one_hot_argmax():
         assert ((got == 0) | (got == 1)).all()
 
 
+@pytest.mark.parametrize("temperature", [1e-30, 1e-38, 1e-40, 1e-45, 5e-324])
+def test_tiny_temperatures_are_greedy_never_nan(temperature):
+    """Dividing by a temperature near or below float32's smallest number overflowed to inf - inf = NaN."""
+    logits = torch.randn(3, 5, 50, generator=torch.Generator().manual_seed(3)) * 20
+    for params in [SamplingParams(temperature), SamplingParams(temperature, top_k=4, top_p=0.7)]:
+        got = probabilities(logits, params)
+        assert not got.isnan().any()
+        assert torch.equal(got, probabilities(logits, SamplingParams(0)))
+
+
+def test_tiny_temperature_rollouts_have_finite_logprobs_and_entropies(tiny_llama):
+    from bebop.engine import generate
+    from bebop.mtp import new_mtp
+
+    model, _ = tiny_llama
+    for mode in ("ar", "spec"):
+        g = generate(model, [[1, 70, 71], [1, 80]], 6, SamplingParams(1e-40), mode=mode, mtp=new_mtp(model),
+                     draft_len=2, eos_ids=[])
+        greedy = generate(model, [[1, 70, 71], [1, 80]], 6, SamplingParams(0), mode="ar", eos_ids=[])
+        for r, ref in zip(g.rollouts, greedy.rollouts):
+            assert r.tokens == ref.tokens
+            assert all(math.isfinite(x) for x in r.logprobs + r.entropies), (r.logprobs, r.entropies)
+
+
 def test_sampling_params_validation():
     for bad in [dict(temperature=-0.1), dict(temperature=float("nan")), dict(top_p=0.0), dict(top_p=1.5),
                 dict(top_k=-1)]:

@@ -3,6 +3,8 @@ would make any draft look good): training must lower the loss and raise held-out
 and the data / training / comparison commands must run end to end."""
 
 import json
+import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from bebop.mtp import load_mtp, new_mtp
 from bebop.sampling import SamplingParams
 from bebop.train_mtp import TargetFeatures, TrainConfig, teacher_forced_eval, train_mtp
 from bebop.data import load_split
+from bebop.errors import BebopError
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +111,35 @@ def test_commands_end_to_end(tmp_path, capsys):
           str(tmp_path / "ent")])
     for name in ("report.md", "report.json", "tokens.csv", "acceptance_vs_entropy.png"):
         assert (tmp_path / "ent" / name).stat().st_size > 0
+
+
+def test_resume_refuses_other_data_other_settings_or_nothing(sharp, data, tmp_path):
+    model, _ = sharp
+    cfg = TrainConfig(loss="kl", draft_len=2, steps=2, batch_size=4, eval_every=100, save_every=1, eval_prompts=0)
+    with pytest.raises(BebopError, match="nothing to resume"):
+        train_mtp(model, data, tmp_path / "m", cfg, resume=True, progress=False)
+    train_mtp(model, data, tmp_path / "m", cfg, progress=False)
+    with pytest.raises(BebopError, match="already holds a training run"):
+        train_mtp(model, data, tmp_path / "m", cfg, progress=False)
+    with pytest.raises(BebopError, match="settings: lr"):
+        train_mtp(model, data, tmp_path / "m", replace(cfg, lr=1e-2), resume=True, progress=False)
+    other = tmp_path / "other"
+    shutil.copytree(data, other)
+    with open(other / "train.jsonl", "a") as f:  # one more sequence: other data, same meta.json
+        f.write((other / "train.jsonl").read_text().splitlines()[0] + "\n")
+    with pytest.raises(BebopError, match="other data"):
+        train_mtp(model, other, tmp_path / "m", cfg, resume=True, progress=False)
+    shutil.copytree(data, tmp_path / "moved")  # the same bytes elsewhere are the same data
+    train_mtp(model, tmp_path / "moved", tmp_path / "m", cfg, resume=True, progress=False)
+
+
+def test_a_torn_mtp_pair_is_refused(sharp, tmp_path):
+    model, _ = sharp
+    mtp = new_mtp(model)
+    mtp.save(tmp_path / "a", step=1)
+    first = (tmp_path / "a.json").read_text()
+    mtp.save(tmp_path / "a", step=2)
+    assert load_mtp(tmp_path / "a", model).config.meta["step"] == 2
+    (tmp_path / "a.json").write_text(first)  # a crash between the two renames of a save
+    with pytest.raises(BebopError, match="different saves"):
+        load_mtp(tmp_path / "a", model)

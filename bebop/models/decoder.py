@@ -198,6 +198,11 @@ class Decoder(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.attention = "sdpa"  # decode attention kernel, one of ATTENTION_KINDS; chosen per machine at load
 
+    @property
+    def max_len(self) -> int:
+        """Positions the rope table covers: the model's context (its config's max_position_embeddings)."""
+        return self.rope_cos.shape[0]
+
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         if max_len > self.rope_cos.shape[0]:
             raise ValueError(f"sequence length {max_len} exceeds the model's maximum {self.rope_cos.shape[0]}")

@@ -9,6 +9,7 @@ Nothing is downloaded at run time.
 """
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -105,18 +106,49 @@ def smollm2():
     return local_model(cached)
 
 
+def check_model_dir(path) -> dict:
+    """A local model directory's config.json, after checking what loading needs (a readable config of a
+    supported type, weights, a tokenizer), so that a broken directory is one clear error, found early."""
+    path = Path(path)
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except FileNotFoundError:
+        raise BebopError(f"'{path}' is not a Hugging Face model directory (no config.json)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BebopError(f"{path}/config.json is unreadable ({e})") from None
+    if not isinstance(config, dict):
+        raise BebopError(f"{path}/config.json is not a JSON object")
+    if config.get("model_type") not in SUPPORTED_TYPES:
+        raise BebopError(f"model type '{config.get('model_type')}' in {path} is not supported "
+                         f"(supported: {', '.join(SUPPORTED_TYPES)})")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
+        raise BebopError(f"{path} has no weights (*.safetensors or pytorch_model*.bin)")
+    if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        raise BebopError(f"{path} has no tokenizer (tokenizer.json or tokenizer_config.json)")
+    return config
+
+
+def check_model(name: str) -> None:
+    """Fail early, before anything loads, on a model name that is neither a registry name nor a usable
+    local model directory."""
+    if name in model_names():
+        return
+    if not os.path.isdir(name):
+        raise BebopError(f"unknown model '{name}': use one of {', '.join(model_names())} or a local model directory")
+    check_model_dir(name)
+
+
 def local_model(path):
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
-    if not (path / "config.json").exists():
-        raise BebopError(f"'{path}' is not a Hugging Face model directory (no config.json)")
-    config = AutoConfig.from_pretrained(path)
-    if config.model_type not in SUPPORTED_TYPES:
-        raise BebopError(f"model type '{config.model_type}' in {path} is not supported "
-                         f"(supported: {', '.join(SUPPORTED_TYPES)})")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return model.eval(), AutoTokenizer.from_pretrained(path)
+    check_model_dir(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # transformers raises many kinds for a damaged directory; one line names it
+        raise BebopError(f"cannot load model from {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    return model.eval(), tok
 
 
 def quiet_transformers():
@@ -138,13 +170,15 @@ def load_hf(name: str):
     raise BebopError(f"unknown model '{name}': use one of {', '.join(model_names())} or a local model directory")
 
 
-def load_model(name: str, max_len: int = 4096, dtype: str = "float32"):
+def load_model(name: str, max_len: int | None = None, dtype: str = "float32"):
     """(Decoder, tokenizer). The transformers model is only a weight source and is dropped. bfloat16 halves
     the weight traffic and lets the CPU's matrix units work on multi-token (verification, batched) forwards;
-    "auto" measures whether it pays on this machine (bebop.models.dtype), once per machine and model."""
+    "auto" measures whether it pays on this machine (bebop.models.dtype), once per machine and model.
+    `max_len` (positions) defaults to the model's own context, its config's max_position_embeddings."""
     if dtype not in (*DTYPES, "auto"):
         raise BebopError(f"unknown dtype '{dtype}' (choose from auto, {', '.join(DTYPES)})")
     hf, tok = load_hf(name)
+    max_len = max_len or context_length(hf.config)
     try:
         decoder = Decoder.from_hf(hf, max_len=max_len)
     except ValueError as e:
@@ -162,6 +196,13 @@ def load_model(name: str, max_len: int = 4096, dtype: str = "float32"):
     decoder.name = name
     decoder.eos_ids = eos_ids(tok, hf.generation_config)
     return decoder, tok
+
+
+def context_length(config) -> int:
+    n = getattr(config, "max_position_embeddings", None)
+    if not isinstance(n, int) or n < 2:
+        raise BebopError(f"the model's config has no usable max_position_embeddings ({n!r})")
+    return n
 
 
 def eos_ids(tokenizer, generation_config=None) -> list[int]:
