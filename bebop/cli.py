@@ -28,11 +28,21 @@ def add_model_args(p):
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights and activations")
 
 
+def draft_len_arg(text: str):
+    """--draft-len: an int, or 'auto' (chosen every step by cost, up to --max-draft-len)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got '{text}'") from None
+
+
 def add_sampling_args(p, temperature=1.0):
     p.add_argument("--temperature", type=float, default=temperature)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--draft-len", type=int, default=3)
+    p.add_argument("--draft-len", type=draft_len_arg, default="auto", help="drafts per step, or 'auto'")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
 
@@ -40,8 +50,12 @@ def add_sampling_args(p, temperature=1.0):
 def sampling_params(args):
     from bebop.sampling import SamplingParams
 
-    if args.draft_len < 0:
-        raise BebopError(f"--draft-len must be >= 0, got {args.draft_len}")
+    if args.draft_len != "auto" and args.draft_len < 0:
+        raise BebopError(f"--draft-len must be >= 0 or 'auto', got {args.draft_len}")
+    if getattr(args, "max_draft_len", 0) < 0:
+        raise BebopError(f"--max-draft-len must be >= 0, got {args.max_draft_len}")
+    if getattr(args, "max_batch", None) is not None and args.max_batch < 1:
+        raise BebopError(f"--max-batch must be >= 1, got {args.max_batch}")
     if args.max_new_tokens < 1:
         raise BebopError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     try:
@@ -83,15 +97,25 @@ def cmd_generate(args):
     model, tok, mtp = load(args, need_mtp=args.mode != "ar")
     index = [i for i in range(len(texts)) for _ in range(args.num_samples)]
     prompts = [chat_ids(tok, texts[i]) for i in index]
-    g = generate(model, prompts, args.max_new_tokens, params, mode=args.mode, mtp=mtp, draft_len=args.draft_len,
-                 seed=args.seed, progress=True)
-    lines = [json.dumps({"prompt_index": i, "tokens": r.tokens, "text": tok.decode(r.tokens, skip_special_tokens=True),
-                         "logprobs": r.logprobs, "stop_reason": r.stop_reason}) + "\n"
-             for i, r in zip(index, g.rollouts)]
-    if args.output:
-        Path(args.output).write_text("".join(lines))
-    else:
-        sys.stdout.writelines(lines)
+    out = open(args.output, "w") if args.output else sys.stdout
+    done, written = {}, 0
+
+    def stream(i, r):  # write each completion as soon as it and every one before it are finished
+        nonlocal written
+        done[i] = json.dumps({"prompt_index": index[i], "tokens": r.tokens, "logprobs": r.logprobs,
+                              "text": tok.decode(r.tokens, skip_special_tokens=True), "stop_reason": r.stop_reason})
+        while written in done:
+            out.write(done.pop(written) + "\n")
+            written += 1
+        out.flush()
+
+    try:
+        g = generate(model, prompts, args.max_new_tokens, params, mode=args.mode, mtp=mtp, draft_len=args.draft_len,
+                     seed=args.seed, progress=True, max_batch=args.max_batch, max_draft_len=args.max_draft_len,
+                     on_finish=stream)
+    finally:
+        if args.output:
+            out.close()
     print(json.dumps({"mode": args.mode, **g.stats.summary()}), file=sys.stderr)
 
 
@@ -234,6 +258,9 @@ def build_parser():
     p.add_argument("--num-samples", type=int, default=1)
     p.add_argument("--mode", choices=MODES, default="spec")
     p.add_argument("--output", help="JSONL output (default: stdout)")
+    p.add_argument("--max-batch", type=int, default=None, help="rows decoded at once; a finished row takes the "
+                                                               "next waiting request (default: all at once)")
+    p.add_argument("--max-draft-len", type=int, default=4, help="the largest K --draft-len auto may pick")
     add_sampling_args(p)
     p.set_defaults(func=cmd_generate)
 
