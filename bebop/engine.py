@@ -1,17 +1,26 @@
 """Batched ragged generation: plain sampling (`ar`) and speculative decoding with an MTP draft (`spec`,
-`spec-greedy`), in one loop.
+`spec-greedy`), in one loop, with continuous batching.
+
+Rows: at most `max_batch` requests decode at once. A request joins a free row by a prefill (one forward per
+distinct prompt, its KV entries copied into every row that samples that prompt, so N samples of one prompt pay
+for one prefill) and its first token is sampled from the prefill. When a row finishes (EOS or its token limit)
+the next waiting request takes it; once the queue is empty, finished rows are dropped.
 
 One step, for every active row at once:
-  1. draft   (spec modes) the MTP first catches up on the positions the target committed last step (using the
-             target's hidden states), which yields draft 1; then it recurses on its own hidden states for
+  0. K       a fixed draft length, or "auto": the K that maximises expected tokens per second from the probed
+             step cost and the acceptance of past steps (bebop.autodraft). K = 0 is a plain decoding step.
+  1. draft   (K > 0) the MTP first catches up on the positions the target committed since it last ran (using
+             the target's hidden states), which yields draft 1; then it recurses on its own hidden states for
              drafts 2..K. `spec` samples x_i ~ q_i; `spec-greedy` takes x_i = argmax q_i.
   2. verify  the target scores [pending token, x_1..x_K] in one forward: p_1..p_{K+1}.
   3. accept  rejection sampling (bebop.sampling) keeps a prefix of the drafts plus one corrected/bonus token.
   4. commit  each row advances its own KV-cache length by its own count; rejected entries are simply
-             overwritten later. Rows that hit EOS or the token limit leave the batch.
+             overwritten later. Rows that hit EOS or the token limit finish (`on_finish` is called).
 `ar` is the same loop with K = 0: verify one token, sample from p_1.
-Every row draws its uniforms from its own generator, a fixed number per step, so a row's output does not
-depend on the other rows.
+Every request draws its uniforms from its own generator, a fixed number per step for a given K, so with a
+fixed K a request's output depends neither on the other rows nor on when it joined.
+Caches hold prompt + max_new_tokens plus one step's drafts where the model's context allows; at the end of
+the context K shrinks instead, so a request that fits the context never fails.
 """
 
 from collections import Counter, deque
