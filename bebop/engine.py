@@ -25,6 +25,7 @@ the context K shrinks instead, so a request that fits the context never fails.
 
 from collections import Counter, deque
 from collections.abc import Callable
+from itertools import islice
 from dataclasses import dataclass, field
 
 import torch
@@ -265,7 +266,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
         """Give free rows to waiting requests; returns the rows still free when the queue ran dry."""
         free = list(free)
         while free and queue:
-            prefill(list(queue)[:len(free)])
+            prefill(islice(queue, len(free)))
             row = free.pop(0)
             if admit(row, queue.popleft()):
                 free.append(row)
