@@ -25,7 +25,7 @@ import torch
 from bebop.models import registry
 from bebop.sampling import SamplingParams, probabilities
 
-COST_FILE = "draft-costs.json"
+COST_FILE = "draft-costs-v2.json"  # v2: minimum over interleaved repetitions
 
 
 def machine() -> str:
@@ -48,8 +48,8 @@ def bucket(batch: int) -> int:
 
 
 @torch.inference_mode()
-def probe_costs(target, mtp, batch: int, max_k: int, context: int = 64, repeats: int = 3) -> list[float]:
-    """Median seconds of one step's forwards with K = 0..max_k drafts at `batch` rows (see the module doc)."""
+def probe_costs(target, mtp, batch: int, max_k: int, context: int = 64, repeats: int = 5) -> list[float]:
+    """Seconds of one step's forwards with K = 0..max_k drafts at `batch` rows (see the module doc)."""
     device = target.embed.weight.device
     params = SamplingParams()
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -74,16 +74,17 @@ def probe_costs(target, mtp, batch: int, max_k: int, context: int = 64, repeats:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    costs = []
-    for K in range(max_k + 1):
-        step(K)  # warm-up
-        times = []
-        for _ in range(repeats):
+    for K in range(max_k + 1):  # warm-up
+        step(K)
+    # the K values take turns, so a load change on a shared machine hits all of them alike; the minimum over
+    # repetitions, as noise only ever adds time; and a step with more drafts is never cheaper than one with fewer
+    times = torch.full((repeats, max_k + 1), float("inf"), dtype=torch.float64)
+    for rep in range(repeats):
+        for K in range(max_k + 1):
             t = time.perf_counter()
             step(K)
-            times.append(time.perf_counter() - t)
-        costs.append(sorted(times)[len(times) // 2])
-    return costs
+            times[rep, K] = time.perf_counter() - t
+    return times.amin(0).cummax(0).values.tolist()
 
 
 def step_costs(target, mtp, batch: int, max_k: int) -> list[float]:
