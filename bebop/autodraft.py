@@ -4,15 +4,16 @@ A step with K drafts costs cost(K) seconds at the current batch size and emits 1
 tokens per row in expectation (NOTES.md section 2), alpha_i being the acceptance of draft i given that drafts
 1..i-1 were accepted. The engine takes the K in 0..max that maximises their ratio; K = 0 is plain decoding.
 
-- cost(K) is probed, not timed online: a step's wall time mixes in the bookkeeping, other processes and the
-  growing context, and online timing only learns the K it happens to pick. A probe times the step's two
-  forwards (target verifying K + 1 tokens, MTP catch-up and K - 1 recursions with their draft heads) for every
-  K once per model, dtype, machine, thread count and batch bucket (powers of two), and caches the seconds in
-  registry.cache_dir()/draft-costs.json. The probe uses a short context, so attention over long contexts is
-  not in it.
+- cost(K) is probed, then corrected by timing online (StepCosts). Online timing alone only learns the K it
+  happens to pick; a probe alone misses what a real step does besides the forwards (sampling, bookkeeping,
+  the context's length) and the drift of a shared machine. The probe times the step's two forwards (target
+  verifying K + 1 tokens, MTP catch-up and K - 1 recursions with their draft heads) for every K once per
+  model, dtype, machine, thread count and batch bucket (powers of two), and caches the seconds in
+  registry.cache_dir(); the engine then replaces a K's probed cost by the running average of its measured
+  steps once it has taken that K twice at that batch size.
 - alpha_i is a running estimate from past steps only (decayed counts with a prior). Exactness needs nothing
-  more: K is a function of earlier steps, never of what the target computes in the step it is used for, so
-  each step is an ordinary speculative step with a K fixed beforehand.
+  more: K is a function of earlier steps (their acceptance and wall time), never of what the target computes
+  in the step it is used for, so each step is an ordinary speculative step with a K fixed beforehand.
 """
 
 import json
@@ -110,6 +111,40 @@ def step_costs(target, mtp, batch: int, max_k: int) -> list[float]:
         except OSError:
             pass
     return costs[:max_k + 1]
+
+
+class StepCosts:
+    """cost(K) at a batch size: the probed table (see step_costs), corrected online by the measured wall time of
+    the steps the engine actually takes. A real step does more than the probe (sampling, bookkeeping, a longer
+    context) and a shared machine's speed drifts: a K measured at least twice at this batch size costs its
+    running average; any other K its probed cost times the mean measured/probed ratio so far."""
+
+    def __init__(self, target, mtp, max_k: int, decay: float = 0.8):
+        self.target, self.mtp, self.max_k, self.decay = target, mtp, max_k, decay
+        self.probed = {}  # batch bucket -> probed seconds per K
+        self.measured = {}  # (batch, K) -> [running average seconds, count]
+        self.ratio_sum, self.ratio_n = 0.0, 0
+
+    def probe(self, batch: int) -> list[float]:
+        b = bucket(batch)
+        if b not in self.probed:
+            self.probed[b] = step_costs(self.target, self.mtp, batch, self.max_k)
+        return self.probed[b]
+
+    def __call__(self, batch: int) -> list[float]:
+        probe, scale = self.probe(batch), self.ratio_sum / self.ratio_n if self.ratio_n else 1.0
+        out = []
+        for K in range(self.max_k + 1):
+            m = self.measured.get((batch, K))
+            out.append(m[0] if m and m[1] >= 2 else probe[K] * scale)
+        return out
+
+    def record(self, batch: int, K: int, seconds: float) -> None:
+        m = self.measured.setdefault((batch, K), [seconds, 0])
+        m[0] = self.decay * m[0] + (1 - self.decay) * seconds if m[1] else seconds
+        m[1] += 1
+        self.ratio_sum += seconds / self.probe(batch)[K]
+        self.ratio_n += 1
 
 
 class Acceptance:

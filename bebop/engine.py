@@ -23,15 +23,16 @@ Caches hold prompt + max_new_tokens plus one step's drafts where the model's con
 the context K shrinks instead, so a request that fits the context never fails.
 """
 
+import time
 from collections import Counter, deque
 from collections.abc import Callable
-from itertools import islice
 from dataclasses import dataclass, field
+from itertools import islice
 
 import torch
 from tqdm import tqdm
 
-from bebop.autodraft import Acceptance, choose_draft_len, step_costs
+from bebop.autodraft import Acceptance, StepCosts, choose_draft_len
 from bebop.errors import BebopError
 from bebop.models.decoder import Decoder
 from bebop.mtp import MTP
@@ -190,7 +191,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     out = [Rollout(i) for i in range(N)]
     stats = SpecStats(draft_len=K_max, accepted_at=[0] * K_max)
     acceptance = Acceptance(K_max) if auto and spec else None
-    costs = {}  # batch size -> cost(K), K = 0..K_max
+    costs = StepCosts(target, mtp, K_max) if auto and spec else None  # probed, then measured
     vocab_ids = mtp.vocab_ids if spec and len(mtp.vocab_ids) else None
     eos_set = set(getattr(target, "eos_ids", []) if eos_ids is None else eos_ids)
     eos_t = torch.tensor(sorted(eos_set), dtype=torch.long)
@@ -317,6 +318,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
                 mcache.keep_rows(keep)
         n_rows = len(active)
         rows = torch.arange(n_rows)
+        started = time.perf_counter()
 
         # -- 0. draft length. Everything here is known before the step: the caches' room, past acceptance and
         # the measured cost, never what the target computes in this step, so the step stays exact for any K.
@@ -326,9 +328,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
         if auto and K > 0:
             K = min(K, int((max_new_tokens - n_out).max()) - 1)  # tokens past every row's limit are wasted
             if K > 0:
-                if n_rows not in costs:
-                    costs[n_rows] = step_costs(target, mtp, n_rows, K_max)
-                K = choose_draft_len(acceptance.alphas(), costs[n_rows], K)
+                K = choose_draft_len(acceptance.alphas(), costs(n_rows), K)
         if spec and K == 0 and catch_tokens.shape[1] > K_max and \
                 int(mcache.lengths.max()) + catch_tokens.shape[1] <= max_len:
             catch_tokens, catch_hidden, catch_count = catch_up(mtp, catch_tokens, catch_hidden, catch_count, mcache)
@@ -375,7 +375,10 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
                                "accepted": num_accepted[r_idx] > d_idx,
                                **{k: v[r_idx, d_idx] for k, v in ts.items()}})
         pending = step_tokens[rows, num_accepted]
-        free = fill(record(step_tokens, num_accepted, p))
+        finished = record(step_tokens, num_accepted, p)  # (its .tolist() waits for an accelerator to finish)
+        if costs is not None:
+            costs.record(n_rows, K, time.perf_counter() - started)
+        free = fill(finished)
     bar.close()
     table = None
     if trace and traced:

@@ -74,3 +74,15 @@ def test_generate_with_auto_draft_len(tiny_qwen3, tmp_path, monkeypatch):
         generate(model, prompts, 4, mode="spec", mtp=new_mtp(model, 0), draft_len="auto", max_draft_len=-1)
     with pytest.raises(ValueError):
         generate(model, prompts, 4, mode="spec", mtp=new_mtp(model, 0), draft_len="sometimes")
+
+
+def test_step_costs_are_corrected_by_measured_steps(monkeypatch):
+    monkeypatch.setattr(autodraft, "step_costs", lambda target, mtp, batch, max_k: [1.0, 1.2, 1.4][:max_k + 1])
+    costs = autodraft.StepCosts(None, None, 2, decay=0.5)
+    assert costs(16) == [1.0, 1.2, 1.4]
+    costs.record(16, 1, 2.4)  # a real K = 1 step takes twice the probe: one sample is not trusted yet ...
+    assert costs(16) == pytest.approx([2.0, 2.4, 2.8])  # ... but scales the probe
+    costs.record(16, 1, 3.6)
+    assert costs(16)[1] == pytest.approx(3.0)  # measured twice: its running average
+    assert costs(16)[0] == pytest.approx(1.0 * (2.0 + 3.0) / 2)
+    assert costs(3) == pytest.approx([2.5, 3.0, 3.5])  # another batch size: probe times the mean ratio

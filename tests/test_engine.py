@@ -15,6 +15,7 @@ import pytest
 import torch
 from scipy.stats import chi2_contingency, chisquare
 
+import bebop.autodraft as autodraft
 import bebop.engine as engine
 import bebop.sampling as sampling
 from bebop.engine import generate
@@ -451,7 +452,7 @@ def test_samples_of_one_prompt_share_one_prefill(warm, monkeypatch):
 def scheduled(monkeypatch, schedule):
     """Make "auto" follow `schedule` (cycled, capped as the engine caps it) instead of the cost model."""
     it = iter(schedule * 1000)
-    monkeypatch.setattr(engine, "step_costs", lambda target, mtp, batch, max_k: [1.0] * (max_k + 1))
+    monkeypatch.setattr(autodraft, "step_costs", lambda target, mtp, batch, max_k: [1.0] * (max_k + 1))
     monkeypatch.setattr(engine, "choose_draft_len", lambda alphas, costs, k: min(next(it), k))
 
 
