@@ -116,13 +116,15 @@ def step_costs(target, mtp, batch: int, max_k: int) -> list[float]:
 class StepCosts:
     """cost(K) at a batch size: the probed table (see step_costs), corrected online by the measured wall time of
     the steps the engine actually takes. A real step does more than the probe (sampling, bookkeeping, a longer
-    context) and a shared machine's speed drifts: a K measured at least twice at this batch size costs its
-    running average; any other K its probed cost times the mean measured/probed ratio so far."""
+    context) and a shared machine's speed drifts: a K measured at least twice at this batch bucket costs its
+    running average; any other K its probed cost times the mean measured/probed ratio so far. The engine first
+    takes K = 0 twice per bucket (`wants_baseline`): a K never taken is otherwise never measured, and plain
+    decoding is the step every other K must beat."""
 
     def __init__(self, target, mtp, max_k: int, decay: float = 0.8):
         self.target, self.mtp, self.max_k, self.decay = target, mtp, max_k, decay
         self.probed = {}  # batch bucket -> probed seconds per K
-        self.measured = {}  # (batch, K) -> [running average seconds, count]
+        self.measured = {}  # (batch bucket, K) -> [running average seconds, count]
         self.ratio_sum, self.ratio_n = 0.0, 0
 
     def probe(self, batch: int) -> list[float]:
@@ -135,12 +137,16 @@ class StepCosts:
         probe, scale = self.probe(batch), self.ratio_sum / self.ratio_n if self.ratio_n else 1.0
         out = []
         for K in range(self.max_k + 1):
-            m = self.measured.get((batch, K))
+            m = self.measured.get((bucket(batch), K))
             out.append(m[0] if m and m[1] >= 2 else probe[K] * scale)
         return out
 
+    def wants_baseline(self, batch: int) -> bool:
+        m = self.measured.get((bucket(batch), 0))
+        return not m or m[1] < 2
+
     def record(self, batch: int, K: int, seconds: float) -> None:
-        m = self.measured.setdefault((batch, K), [seconds, 0])
+        m = self.measured.setdefault((bucket(batch), K), [seconds, 0])
         m[0] = self.decay * m[0] + (1 - self.decay) * seconds if m[1] else seconds
         m[1] += 1
         self.ratio_sum += seconds / self.probe(batch)[K]

@@ -327,8 +327,8 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
             K = 0  # the MTP's catch-up would not fit either (only at the very end of the context)
         if auto and K > 0:
             K = min(K, int((max_new_tokens - n_out).max()) - 1)  # tokens past every row's limit are wasted
-            if K > 0:
-                K = choose_draft_len(acceptance.alphas(), costs(n_rows), K)
+            if K > 0:  # (plain steps first, twice per batch size: what drafting must beat, measured)
+                K = 0 if costs.wants_baseline(n_rows) else choose_draft_len(acceptance.alphas(), costs(n_rows), K)
         if spec and K == 0 and catch_tokens.shape[1] > K_max and \
                 int(mcache.lengths.max()) + catch_tokens.shape[1] <= max_len:
             catch_tokens, catch_hidden, catch_count = catch_up(mtp, catch_tokens, catch_hidden, catch_count, mcache)

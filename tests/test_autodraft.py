@@ -85,4 +85,8 @@ def test_step_costs_are_corrected_by_measured_steps(monkeypatch):
     costs.record(16, 1, 3.6)
     assert costs(16)[1] == pytest.approx(3.0)  # measured twice: its running average
     assert costs(16)[0] == pytest.approx(1.0 * (2.0 + 3.0) / 2)
-    assert costs(3) == pytest.approx([2.5, 3.0, 3.5])  # another batch size: probe times the mean ratio
+    assert costs(3) == pytest.approx([2.5, 3.0, 3.5])  # another batch bucket: probe times the mean ratio
+    assert costs.wants_baseline(16)
+    costs.record(16, 0, 1.5)
+    costs.record(9, 0, 1.5)  # the same bucket as 16
+    assert not costs.wants_baseline(16) and costs(16)[0] == pytest.approx(1.5) and costs.wants_baseline(8)
