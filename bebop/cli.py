@@ -48,11 +48,21 @@ def add_model_args(p):
                         "short probe, cached per machine and model, measures it faster, else float32")
 
 
+def draft_len_arg(text: str):
+    """--draft-len: an int, or 'auto' (chosen every step by cost, up to --max-draft-len)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got '{text}'") from None
+
+
 def add_sampling_args(p, temperature=1.0):
     p.add_argument("--temperature", type=float, default=temperature)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--draft-len", type=int, default=3)
+    p.add_argument("--draft-len", type=draft_len_arg, default="auto", help="drafts per step, or 'auto'")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
 
@@ -140,8 +150,12 @@ def check_context(model, prompts, max_new_tokens):
 def sampling_params(args):
     from bebop.sampling import SamplingParams
 
-    if not 0 <= args.draft_len <= MAX_DRAFT_LEN:
-        raise BebopError(f"--draft-len must be in 0..{MAX_DRAFT_LEN}, got {args.draft_len}")
+    if args.draft_len != "auto" and not 0 <= args.draft_len <= MAX_DRAFT_LEN:
+        raise BebopError(f"--draft-len must be 'auto' or in 0..{MAX_DRAFT_LEN}, got {args.draft_len}")
+    if not 0 <= getattr(args, "max_draft_len", 0) <= MAX_DRAFT_LEN:
+        raise BebopError(f"--max-draft-len must be in 0..{MAX_DRAFT_LEN}, got {args.max_draft_len}")
+    if getattr(args, "max_batch", None) is not None and args.max_batch < 1:
+        raise BebopError(f"--max-batch must be >= 1, got {args.max_batch}")
     at_least(args, 1, "max_new_tokens")
     check_seed(args)
     if not math.isfinite(args.temperature):
@@ -202,7 +216,8 @@ def cmd_generate(args):
 
     try:
         g = generate(model, prompts, args.max_new_tokens, params, mode=args.mode, mtp=mtp, draft_len=args.draft_len,
-                     seed=args.seed, progress=True, on_finish=write)
+                     seed=args.seed, progress=True, max_batch=args.max_batch, max_draft_len=args.max_draft_len,
+                     on_finish=write)
     finally:
         if out is not sys.stdout:
             out.close()
@@ -390,6 +405,9 @@ def build_parser():
     p.add_argument("--num-samples", type=int, default=1)
     p.add_argument("--mode", choices=MODES, default="spec")
     p.add_argument("--output", help="JSONL output (default: stdout)")
+    p.add_argument("--max-batch", type=int, default=None, help="rows decoded at once; a finished row takes the "
+                                                               "next waiting request (default: all at once)")
+    p.add_argument("--max-draft-len", type=int, default=4, help="the largest K --draft-len auto may pick")
     add_sampling_args(p)
     p.set_defaults(func=cmd_generate)
 

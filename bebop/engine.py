@@ -1,29 +1,45 @@
 """Batched ragged generation: plain sampling (`ar`) and speculative decoding with an MTP draft (`spec`,
-`spec-greedy`), in one loop.
+`spec-greedy`), in one loop, with continuous batching.
+
+Rows: at most `max_batch` requests decode at once. A request joins a free row by a prefill (one forward per
+distinct prompt, its KV entries copied into every row that samples that prompt, so N samples of one prompt pay
+for one prefill) and its first token is sampled from the prefill. When a row finishes (EOS or its token limit)
+the next waiting request takes it; once the queue is empty, finished rows are dropped.
 
 One step, for every active row at once:
-  1. draft   (spec modes) the MTP first catches up on the positions the target committed last step (using the
-             target's hidden states), which yields draft 1; then it recurses on its own hidden states for
+  0. K       a fixed draft length, or "auto": the K that maximises expected tokens per second from the probed
+             step cost and the acceptance of past steps (bebop.autodraft). K = 0 is a plain decoding step.
+  1. draft   (K > 0) the MTP first catches up on the positions the target committed since it last ran (using
+             the target's hidden states), which yields draft 1; then it recurses on its own hidden states for
              drafts 2..K. `spec` samples x_i ~ q_i; `spec-greedy` takes x_i = argmax q_i.
   2. verify  the target scores [pending token, x_1..x_K] in one forward: p_1..p_{K+1}.
   3. accept  rejection sampling (bebop.sampling) keeps a prefix of the drafts plus one corrected/bonus token.
   4. commit  each row advances its own KV-cache length by its own count; rejected entries are simply
-             overwritten later. Rows that hit EOS or the token limit leave the batch.
+             overwritten later. Rows that hit EOS or the token limit finish (`on_finish` is called).
 `ar` is the same loop with K = 0: verify one token, sample from p_1.
-Every row draws its uniforms from its own generator, a fixed number per step, so a row's output does not
-depend on the other rows.
+Every request draws its uniforms from its own generator, a fixed number per step for a given K, so with a
+fixed K a request's output depends neither on the other rows nor on when it joined.
+Caches hold prompt + max_new_tokens plus one step's drafts where the model's context allows; at the end of
+the context K shrinks instead, so a request that fits the context never fails.
 """
 
+import time
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 
 import torch
 from tqdm import tqdm
 
+from bebop.autodraft import Acceptance, StepCosts, choose_draft_len
+from bebop.errors import BebopError
 from bebop.models.decoder import Decoder
 from bebop.mtp import MTP
 from bebop.sampling import SamplingParams, probabilities, rejection_sample_uniform, sample, token_stats
 
 MODES = ("ar", "spec", "spec-greedy")
+DEFAULT_MAX_DRAFT_LEN = 4  # the largest K "auto" may pick
 
 
 @dataclass
@@ -59,13 +75,18 @@ class SpecStats:
         return [a / self.steps for a in self.accepted_at] if self.steps else []
 
     @property
+    def mean_draft_len(self) -> float | None:  # K per speculative step (varies under draft_len="auto")
+        return self.drafted / self.steps if self.steps else None
+
+    @property
     def mean_entropy(self) -> float | None:
         return self.entropy_sum / self.tokens if self.tokens else None
 
     def summary(self) -> dict:
         return {"acceptance_rate": self.acceptance_rate, "mean_acceptance_length": self.mean_acceptance_length,
                 "per_position_acceptance": self.per_position_acceptance, "mean_entropy": self.mean_entropy,
-                "drafted": self.drafted, "accepted": self.accepted, "steps": self.steps, "tokens": self.tokens}
+                "mean_draft_len": self.mean_draft_len, "drafted": self.drafted, "accepted": self.accepted,
+                "steps": self.steps, "tokens": self.tokens}
 
 
 @dataclass
@@ -93,113 +114,230 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
 
 def draft(mtp: MTP, tokens, hidden, count, cache, K, params, greedy, u):
     """Catch up on `count` [B] new positions per row, then draft K tokens recursively.
-    Returns draft tokens [B, K], the draft distributions over the full vocabulary [B, K, V] used for
-    verification (one-hot when greedy), and the MTP's own distributions [B, K, V]."""
+    Returns draft tokens [B, K] (target vocabulary ids), the distributions to verify them against [B, K, Vd]
+    (one-hot when greedy) and the MTP's own distributions [B, K, Vd], both over the draft vocabulary."""
     rows = torch.arange(tokens.shape[0])
     h = mtp(tokens, hidden, cache)[rows, count - 1]
     cache.lengths += count
-    drafts, verify_q, q_full = [], [], []
+    drafts, verify_q, q_own = [], [], []
     for k in range(K):
         if k > 0:  # recursion: the previous draft token with the MTP's own previous hidden state
             h = mtp(drafts[-1].unsqueeze(1), h.unsqueeze(1), cache)[:, 0]
             cache.lengths += 1
         q = probabilities(mtp.draft_logits(h), params)
         idx = q.argmax(-1) if greedy else sample(q, u[:, k])
-        q = mtp.full_vocab(q)
-        tok = idx if len(mtp.vocab_ids) == 0 else mtp.vocab_ids[idx]
-        drafts.append(tok)
-        q_full.append(q)
-        verify_q.append(torch.zeros_like(q).scatter_(-1, tok.unsqueeze(-1), 1.0) if greedy else q)
+        drafts.append(idx if len(mtp.vocab_ids) == 0 else mtp.vocab_ids[idx])
+        q_own.append(q)
+        verify_q.append(torch.zeros_like(q).scatter_(-1, idx.unsqueeze(-1), 1.0) if greedy else q)
     cache.lengths -= K - 1  # speculative entries are not committed; the next catch-up overwrites them
-    return torch.stack(drafts, 1), torch.stack(verify_q, 1), torch.stack(q_full, 1)
+    return torch.stack(drafts, 1), torch.stack(verify_q, 1), torch.stack(q_own, 1)
+
+
+def catch_up(mtp: MTP, tokens, hidden, count, cache):
+    """Feed the MTP all but the last of each row's pending positions, without drafting: steps that did not
+    draft (K = 0) pile positions up, and the pile must stay within the cache. Returns the new, one-long pile."""
+    rows = torch.arange(tokens.shape[0])
+    mtp(tokens, hidden, cache)
+    cache.lengths += count - 1
+    last = count - 1
+    return tokens[rows, last].unsqueeze(1), hidden[rows, last].unsqueeze(1), torch.ones_like(count)
 
 
 @torch.inference_mode()
 def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams = SamplingParams(),
-             mode: str = "ar", mtp: MTP | None = None, draft_len: int = 3, seed: int | list[int] = 0,
-             eos_ids: list[int] | None = None, trace: bool = False, progress: bool = False,
-             on_finish=None) -> Generation:
+             mode: str = "ar", mtp: MTP | None = None, draft_len: int | str = 3, seed: int | list[int] = 0,
+             eos_ids: list[int] | None = None, trace: bool = False, progress: bool = False, *,
+             max_batch: int | None = None, max_draft_len: int = DEFAULT_MAX_DRAFT_LEN,
+             on_finish: Callable[[int, Rollout], None] | None = None) -> Generation:
     """Generate up to `max_new_tokens` per prompt (token-id lists). `eos_ids` stop a row (default: the
-    model's); pass [] to ignore EOS (benchmarks). `seed` is one base seed or one seed per row.
-    `on_finish(index, rollout)` is called once per prompt as soon as its rollout is complete (streaming)."""
+    model's); pass [] to ignore EOS (benchmarks). `seed` is one base seed or one seed per request.
+    draft_len: K, or "auto" (K in 0..max_draft_len chosen every step by cost, bebop.autodraft).
+    max_batch: rows decoded at once (None: all requests); a finished row takes the next waiting request.
+    on_finish(index, rollout) is called once per request as soon as it finishes.
+    With a fixed K a request's tokens depend only on its prompt, seed and the settings; with "auto" only
+    their distribution is fixed (the target's): the exact sample also depends on the K chosen per step."""
     if mode not in MODES:
         raise ValueError(f"unknown mode '{mode}' (choose from {', '.join(MODES)})")
-    if draft_len < 0:
-        raise ValueError(f"draft length must be >= 0, got {draft_len}")
+    auto = draft_len == "auto"
+    K_max = max_draft_len if auto else draft_len
+    if isinstance(K_max, bool) or not isinstance(K_max, int) or K_max < 0:
+        raise ValueError(f"draft length must be an int >= 0 or 'auto' (with max_draft_len >= 0), got "
+                         f"{draft_len!r}{f' with max_draft_len={max_draft_len!r}' if auto else ''}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not prompts or min(map(len, prompts)) == 0:
         raise ValueError("every prompt needs at least one token")
-    spec = mode != "ar" and draft_len > 0
+    if max_batch is not None and max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1 or None, got {max_batch}")
+    if isinstance(seed, list) and len(seed) != len(prompts):
+        raise ValueError(f"got {len(seed)} seeds for {len(prompts)} prompts")
+    spec = mode != "ar" and K_max > 0
     if spec and mtp is None:
         raise ValueError(f"mode '{mode}' needs an MTP module")
-    K = draft_len if spec else 0
-    eos_set = set(getattr(target, "eos_ids", []) if eos_ids is None else eos_ids)
-    B = len(prompts)
-    lengths = torch.tensor([len(p) for p in prompts])
-    max_len = int(lengths.max()) + max_new_tokens + K + 2
+    if not spec:
+        K_max = 0
+    context = target.rope_cos.shape[0]
+    need = max(len(p) for p in prompts) + max_new_tokens
+    if need > context:
+        raise BebopError(f"a prompt plus max_new_tokens is {need} tokens, beyond the model's context of {context}")
+    # caches hold prompt + max_new_tokens, plus room for one step's drafts where the context allows it; near
+    # the end of the context K shrinks instead, so a request that fits the context never fails
+    max_len = min(need + 1 + K_max, context)
+    N = len(prompts)
+    B = N if max_batch is None else min(N, max_batch)
     cache = target.new_cache(B, max_len)
     mcache = mtp.new_cache(B, max_len) if spec else None
-    gens = row_generators(seed, B)
-    out = [Rollout(i) for i in range(B)]
-    stats = SpecStats(draft_len=K, accepted_at=[0] * K)
+    request_gens = row_generators(seed, N)
+    out = [Rollout(i) for i in range(N)]
+    stats = SpecStats(draft_len=K_max, accepted_at=[0] * K_max)
+    acceptance = Acceptance(K_max) if auto and spec else None
+    costs = StepCosts(target, mtp, K_max) if auto and spec else None  # probed, then measured
+    vocab_ids = mtp.vocab_ids if spec and len(mtp.vocab_ids) else None
+    eos_set = set(getattr(target, "eos_ids", []) if eos_ids is None else eos_ids)
+    eos_t = torch.tensor(sorted(eos_set), dtype=torch.long)
     traced = []
-    active = torch.arange(B)  # original row index of each batch row
-    bar = tqdm(total=B * max_new_tokens, desc=f"generate {mode}", unit="tok", disable=not progress, leave=False)
+    bar = tqdm(total=N * max_new_tokens, desc=f"generate {mode}", unit="tok", disable=not progress, leave=False)
 
-    # prefill: every row's prompt at once, right-padded; a row's padding is never attended to
-    tokens = right_pad(prompts)
-    hidden = target(tokens, cache)
-    cache.lengths = lengths.clone()
-    rows = torch.arange(B)
-    p = probabilities(target.logits(hidden[rows, lengths - 1]), params).unsqueeze(1)
-    step_tokens = sample(p[:, 0], torch.stack([torch.rand(1, generator=g, dtype=torch.float64) for g in gens])[:, 0])
-    step_tokens, num_accepted = step_tokens.unsqueeze(1), torch.zeros(B, dtype=torch.long)
+    # per-row state; a row holds one request at a time
+    active = [-1] * B  # the request in each row
+    gens: list = [None] * B
+    n_out = torch.zeros(B, dtype=torch.long)  # tokens emitted so far
+    pending = torch.zeros(B, dtype=torch.long)  # the last emitted token, not yet seen by the target
     # what the MTP has yet to see: for each committed target position, its hidden state and the token after it
-    catch_tokens = torch.cat([tokens[:, 1:], tokens[:, :1]], 1)
-    catch_tokens[rows, lengths - 1] = step_tokens[:, 0]
-    catch_hidden, catch_count = hidden, lengths.clone()
+    catch_tokens = torch.zeros(B, 1, dtype=torch.long)
+    catch_hidden = torch.zeros(B, 1, target.cfg.dim, dtype=target.embed.weight.dtype)
+    catch_count = torch.ones(B, dtype=torch.long)
+    queue = deque(range(N))
+    waiting = Counter(tuple(p) for p in prompts)
+    prefilled = {}  # prompt -> (cache, MTP cache, row, last hidden state, p of the first token), while waiting
 
+    def finish(i, reason):
+        out[i].stop_reason = reason
+        if on_finish is not None:
+            on_finish(i, out[i])
+
+    def prefill(requests):
+        """Prefill, in one forward, the distinct prompts among `requests` that are not prefilled yet."""
+        new = list(dict.fromkeys(key for key in (tuple(prompts[i]) for i in requests) if key not in prefilled))
+        if not new:
+            return
+        lens = torch.tensor([len(p) for p in new])
+        tokens = right_pad(new)  # a row's padding is never attended to
+        tc = target.new_cache(len(new), tokens.shape[1])
+        hidden = target(tokens, tc)
+        tc.lengths = lens.clone()
+        last = hidden[torch.arange(len(new)), lens - 1]
+        p = probabilities(target.logits(last), params)
+        tmc = None
+        if spec:  # the MTP sees every prompt position but the last now; the last comes with the first token
+            tmc = mtp.new_cache(len(new), tokens.shape[1])
+            if tokens.shape[1] > 1:
+                mtp(tokens[:, 1:], hidden[:, :-1], tmc)
+            tmc.lengths = lens - 1
+        for j, key in enumerate(new):
+            prefilled[key] = (tc, tmc, j, last[j], p[j])
+
+    def admit(row, i):
+        """Put request i into `row` and sample its first token; True if that already finishes it."""
+        key = tuple(prompts[i])
+        tc, tmc, j, last, p = prefilled[key]
+        waiting[key] -= 1
+        if waiting[key] == 0:
+            del prefilled[key]
+        cache.write_rows(row, tc, j)
+        if spec:
+            mcache.write_rows(row, tmc, j)
+        g = request_gens[i]
+        tok = int(sample(p, torch.rand(1, generator=g, dtype=torch.float64)[0]))
+        active[row], gens[row], n_out[row], pending[row] = i, g, 1, tok
+        catch_tokens[row, 0], catch_hidden[row, 0], catch_count[row] = tok, last, 1
+        ro = out[i]
+        ro.tokens.append(tok)
+        ro.logprobs.append(float(p[tok].clamp_min(1e-30).log()))
+        ro.entropies.append(float(entropy(p)))
+        stats.tokens += 1
+        stats.entropy_sum += ro.entropies[-1]
+        bar.update(1)
+        if tok in eos_set or max_new_tokens == 1:
+            finish(i, "eos" if tok in eos_set else "length")
+            return True
+        return False
+
+    def fill(free):
+        """Give free rows to waiting requests; returns the rows still free when the queue ran dry."""
+        free = list(free)
+        while free and queue:
+            prefill(islice(queue, len(free)))
+            row = free.pop(0)
+            if admit(row, queue.popleft()):
+                free.append(row)
+        return free
+
+    def record(step_tokens, num_accepted, p):
+        """Append each row's emitted tokens (cut at EOS or the limit); returns the rows that finished."""
+        n_emit = torch.minimum(num_accepted + 1, max_new_tokens - n_out)
+        cols = torch.arange(step_tokens.shape[1]).unsqueeze(0)
+        is_eos = torch.isin(step_tokens, eos_t) & (cols < n_emit.unsqueeze(1))
+        hit_eos = is_eos.any(1)
+        n_emit = torch.where(hit_eos, is_eos.long().argmax(1) + 1, n_emit)
+        valid = cols < n_emit.unsqueeze(1)
+        emitted_p = p[valid]  # only emitted positions pay for their statistics
+        toks = step_tokens[valid]
+        lp = emitted_p.gather(-1, toks.unsqueeze(-1)).squeeze(-1).clamp_min(1e-30).log().tolist()
+        ent = entropy(emitted_p).tolist()
+        toks = toks.tolist()
+        done = (hit_eos | (n_out + n_emit >= max_new_tokens)).tolist()
+        n_out.add_(n_emit)
+        finished, at = [], 0
+        for r, (n, d) in enumerate(zip(n_emit.tolist(), done)):
+            ro = out[active[r]]
+            ro.tokens += toks[at:at + n]
+            ro.logprobs += lp[at:at + n]
+            ro.entropies += ent[at:at + n]
+            at += n
+            if d:
+                finish(active[r], "eos" if toks[at - 1] in eos_set else "length")
+                finished.append(r)
+        stats.tokens += at
+        stats.entropy_sum += sum(ent)
+        bar.update(at)
+        return finished
+
+    free = fill(range(B))
     while True:
-        # -- record what this step emitted (one batched computation, then plain lists); find rows that are done
-        lp = p.gather(-1, step_tokens.clamp_min(0).unsqueeze(-1)).squeeze(-1).clamp_min(1e-30).log().tolist()
-        ent = entropy(p).tolist()
-        finished, before = [], stats.tokens
-        for r, (toks, n) in enumerate(zip(step_tokens.tolist(), (num_accepted + 1).tolist())):
-            ro = out[int(active[r])]
-            for i in range(n):
-                ro.tokens.append(toks[i])
-                ro.logprobs.append(lp[r][i])
-                ro.entropies.append(ent[r][i])
-                stats.tokens += 1
-                stats.entropy_sum += ent[r][i]
-                if toks[i] in eos_set or len(ro.tokens) >= max_new_tokens:
-                    ro.stop_reason = "eos" if toks[i] in eos_set else "length"
-                    finished.append(r)
-                    if on_finish is not None:
-                        on_finish(int(active[r]), ro)
-                    break
-        bar.update(stats.tokens - before)
-        if finished:
-            done = set(finished)
-            keep = torch.tensor([r for r in range(len(active)) if r not in done], dtype=torch.long)
+        if free:  # the queue is empty: drop finished rows so later forwards do no work for them
+            gone = set(free)
+            keep = torch.tensor([r for r in range(len(active)) if r not in gone], dtype=torch.long)
             if len(keep) == 0:
                 break
-            active, gens = active[keep], [gens[int(r)] for r in keep]
-            step_tokens, num_accepted = step_tokens[keep], num_accepted[keep]
+            active, gens = [active[r] for r in keep], [gens[r] for r in keep]
+            n_out, pending = n_out[keep], pending[keep]
             catch_tokens, catch_hidden, catch_count = catch_tokens[keep], catch_hidden[keep], catch_count[keep]
             cache.keep_rows(keep)
             if spec:
                 mcache.keep_rows(keep)
         n_rows = len(active)
         rows = torch.arange(n_rows)
-        pending = step_tokens[rows, num_accepted]  # the last emitted token, not yet seen by the target
+        started = time.perf_counter()
+
+        # -- 0. draft length. Everything here is known before the step: the caches' room, past acceptance and
+        # the measured cost, never what the target computes in this step, so the step stays exact for any K.
+        K = min(K_max, max_len - 1 - int(cache.lengths.max()))  # the target writes positions len..len+K
+        if spec and int(mcache.lengths.max()) + catch_tokens.shape[1] > max_len:
+            K = 0  # the MTP's catch-up would not fit either (only at the very end of the context)
+        if auto and K > 0:
+            K = min(K, int((max_new_tokens - n_out).max()) - 1)  # tokens past every row's limit are wasted
+            if K > 0:  # (plain steps first, twice per batch size: what drafting must beat, measured)
+                K = 0 if costs.wants_baseline(n_rows) else choose_draft_len(acceptance.alphas(), costs(n_rows), K)
+        if spec and K == 0 and catch_tokens.shape[1] > K_max and \
+                int(mcache.lengths.max()) + catch_tokens.shape[1] <= max_len:
+            catch_tokens, catch_hidden, catch_count = catch_up(mtp, catch_tokens, catch_hidden, catch_count, mcache)
         u = torch.stack([torch.rand(2 * K + 1, generator=g, dtype=torch.float64) for g in gens])
 
         # -- 1. draft
-        if spec:
-            drafts, verify_q, q_full = draft(mtp, catch_tokens, catch_hidden, catch_count, mcache, K, params,
-                                             mode == "spec-greedy", u[:, :K])
+        if K:
+            drafts, verify_q, q_own = draft(mtp, catch_tokens, catch_hidden, catch_count, mcache, K, params,
+                                            mode == "spec-greedy", u[:, :K])
             inp = torch.cat([pending.unsqueeze(1), drafts], 1)
         else:
             drafts = verify_q = torch.zeros(n_rows, 0, dtype=torch.long)
@@ -208,23 +346,39 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
         hidden = target(inp, cache)
         p = probabilities(target.logits(hidden), params)
         # -- 3. accept
-        step_tokens, num_accepted = rejection_sample_uniform(p, verify_q, drafts, u[:, K:2 * K], u[:, 2 * K])
+        step_tokens, num_accepted = rejection_sample_uniform(p, verify_q, drafts, u[:, K:2 * K], u[:, 2 * K],
+                                                             vocab_ids=vocab_ids)
         # -- 4. commit
         cache.lengths += num_accepted + 1
-        if spec:  # plain decoding makes no speculative steps
+        if spec and K:
+            catch_tokens, catch_hidden, catch_count = step_tokens.clamp_min(0), hidden, num_accepted + 1
+        elif spec:  # no draft this step: the one committed position joins the MTP's pile
+            if int(catch_count.max()) == catch_tokens.shape[1]:
+                catch_tokens = torch.cat([catch_tokens, torch.zeros_like(catch_tokens[:, :1])], 1)
+                catch_hidden = torch.cat([catch_hidden, torch.zeros_like(catch_hidden[:, :1])], 1)
+            catch_tokens[rows, catch_count] = step_tokens[:, 0]
+            catch_hidden[rows, catch_count] = hidden[:, 0]
+            catch_count = catch_count + 1
+        if acceptance is not None:
+            acceptance.update(K, num_accepted)
+        if K:  # plain decoding makes no speculative steps
             stats.steps += n_rows
             stats.drafted += K * n_rows
             stats.accepted += int(num_accepted.sum())
             for i in range(K):
                 stats.accepted_at[i] += int((num_accepted > i).sum())
-            catch_tokens, catch_hidden, catch_count = step_tokens.clamp_min(0), hidden, num_accepted + 1
             if trace:
                 examined = torch.arange(K).unsqueeze(0) <= num_accepted.unsqueeze(1)  # reached in the walk
-                ts = token_stats(p[:, :K], q_full)
+                ts = token_stats(p[:, :K], mtp.full_vocab(q_own))
                 r_idx, d_idx = examined.nonzero(as_tuple=True)
-                traced.append({"row": active[r_idx], "depth": d_idx,
+                traced.append({"row": torch.tensor(active)[r_idx], "depth": d_idx,
                                "accepted": num_accepted[r_idx] > d_idx,
                                **{k: v[r_idx, d_idx] for k, v in ts.items()}})
+        pending = step_tokens[rows, num_accepted]
+        finished = record(step_tokens, num_accepted, p)  # (its .tolist() waits for an accelerator to finish)
+        if costs is not None:
+            costs.record(n_rows, K, time.perf_counter() - started)
+        free = fill(finished)
     bar.close()
     table = None
     if trace and traced:

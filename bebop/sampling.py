@@ -68,7 +68,7 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(empty, p, r)
 
 
-def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, final_u):
+def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, final_u, vocab_ids=None):
     """The speculative step of Leviathan et al. / Chen et al. (2023) with explicit uniforms.
 
     target_probs [B, K+1, V] = p_1..p_{K+1}; draft_probs [B, K, V] = q_1..q_K; draft_tokens [B, K] = x_i ~ q_i.
@@ -76,18 +76,28 @@ def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, 
     Step 1 (accept): x_i is accepted iff u_i < p_i(x_i) / q_i(x_i), walking i = 1..K until the first rejection.
     Step 2 (correct): at the first rejected position j, emit a token from the residual norm(max(p_j - q_j, 0));
     if all K were accepted, emit a bonus token from p_{K+1}.
+    vocab_ids: a reduced draft vocabulary (sorted token ids): draft_probs is then [B, K, Vd] over those ids
+    (q = 0 elsewhere) and is never expanded to V. The test u*q(x) < p(x) needs q only at the drafted ids, and
+    the residual max(p - q, 0) is p outside the draft vocabulary, so only the rejected position's q is scattered.
     Returns tokens [B, K+1] (accepted drafts, the residual/bonus token, then -1) and num_accepted [B]."""
     B, K = draft_tokens.shape
     rows = torch.arange(B)
     if K == 0:
         return sample(target_probs[:, 0], final_u).unsqueeze(1), torch.zeros(B, dtype=torch.long)
     p_x = target_probs[:, :K].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1).double()
-    q_x = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1).double()
+    if vocab_ids is None:
+        q_x = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1).double()
+    else:
+        idx = torch.searchsorted(vocab_ids, draft_tokens).clamp_(max=len(vocab_ids) - 1)
+        q_x = draft_probs.gather(-1, idx.unsqueeze(-1)).squeeze(-1).double()
+        q_x = torch.where(vocab_ids[idx] == draft_tokens, q_x, 0.0)  # a token outside the draft vocab: q = 0
     # u < p/q written as u*q < p: no division, and q(x) = 0 (a token the draft could not have drawn) rejects
     accepted = (accept_u.double() * q_x < p_x) & (q_x > 0)
     num_accepted = accepted.long().cumprod(-1).sum(-1)
     stop = num_accepted.clamp(max=K - 1)  # the rejected position, or any valid index when all accepted
     p_stop, q_stop = target_probs[rows, stop], draft_probs[rows, stop]
+    if vocab_ids is not None:
+        q_stop = torch.zeros_like(p_stop).index_copy_(-1, vocab_ids, q_stop.to(p_stop.dtype))
     correction = torch.where((num_accepted < K).unsqueeze(-1), residual(p_stop, q_stop), target_probs[:, K])
     last = sample(correction, final_u)
     tokens = torch.full((B, K + 1), -1, dtype=torch.long)

@@ -32,6 +32,21 @@ def test_generate_writes_jsonl(tmp_path, capsys):
     assert stats["mode"] == "spec" and stats["drafted"] > 0
 
 
+def test_generate_auto_draft_len_through_a_small_batch(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))  # the probed cost table goes here
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hello"}\n{"prompt": "2+2?"}\n')
+    out = tmp_path / "out.jsonl"
+    main(["generate", "--model", "tiny-llama", "--prompts", str(prompts), "--num-samples", "3", "--max-new-tokens",
+          "8", "--mode", "spec", "--max-batch", "2", "--max-draft-len", "2", "--output", str(out)])
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["prompt_index"] for x in lines] == [0, 0, 0, 1, 1, 1]  # request order, though rows finish in any
+    stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert stats["tokens"] == sum(len(x["tokens"]) for x in lines)
+    assert stats["steps"] == 0 or 0 < stats["mean_draft_len"] <= 2
+    assert (tmp_path / "draft-costs-v2.json").exists()
+
+
 def test_bench_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
     main(["bench", "--model", "tiny-qwen3", "--batch-sizes", "1,2", "--modes", "ar,spec,spec-greedy,hf",
@@ -58,6 +73,9 @@ def test_bad_input_is_one_clear_line(tmp_path, capsys):
     assert "top-p" in run_error(capsys, base + ["--top-p", "0"])
     assert "top-p" in run_error(capsys, base + ["--top-p", "1.5"])
     assert "draft-len" in run_error(capsys, base + ["--draft-len", "-1"])
+    assert "max-draft-len" in run_error(capsys, base + ["--max-draft-len", "-1"])
+    assert "max-batch" in run_error(capsys, base + ["--max-batch", "0"])
+    assert "context" in run_error(capsys, base[:-1] + ["5000"])  # prompt + new tokens beyond the model's context
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"prompt": \n')
     assert "bad.jsonl:2" in run_error(capsys, ["generate", "--model", "tiny-llama", "--prompts", str(bad)])

@@ -15,9 +15,11 @@ import pytest
 import torch
 from scipy.stats import chi2_contingency, chisquare
 
+import bebop.autodraft as autodraft
 import bebop.engine as engine
 import bebop.sampling as sampling
 from bebop.engine import generate
+from bebop.errors import BebopError
 from bebop.models.registry import chat_ids
 from bebop.mtp import new_mtp
 from bebop.sampling import SamplingParams, probabilities
@@ -149,7 +151,7 @@ def test_exactness_check_catches_unverified_drafts(sharp, monkeypatch):
     """Emitting the drafts unverified (the draft's histogram) must differ from plain sampling."""
     model, mtp, prompt, exact, ar = sharp
 
-    def accept_all(target_probs, draft_probs, draft_tokens, accept_u, final_u):
+    def accept_all(target_probs, draft_probs, draft_tokens, accept_u, final_u, vocab_ids=None):
         B, K = draft_tokens.shape
         bonus = sampling.sample(target_probs[:, K], final_u)
         return torch.cat([draft_tokens, bonus[:, None]], 1), torch.full((B,), K)
@@ -395,3 +397,126 @@ def test_empty_prompt_is_refused(warm):
     model, mtp, tok = warm
     with pytest.raises(ValueError):
         generate(model, [[], chat_ids(tok, "hi")], 3, seed=0, eos_ids=[])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# continuous batching: rows that join mid-way, shared prompts
+
+
+@pytest.mark.parametrize("mode", ["ar", "spec"])
+def test_rows_joining_a_busy_batch_match_running_alone(warm, mode):
+    """Through max_batch=2, requests 2..5 join rows freed by EOS or the limit while the other row is mid-way;
+    each request's tokens must be those it gets alone."""
+    model, mtp, tok = warm
+    texts = TEXTS + ["x", "Explain, in detail, how rejection sampling keeps the output distribution exact.", "ok"]
+    prompts = [chat_ids(tok, t) for t in texts]
+    seeds = [101, 7, 55, 3, 1234, 9]
+    kw = dict(params=SamplingParams(temperature=1.0), mode=mode, mtp=mtp, draft_len=3)
+    free = generate(model, prompts, 16, seed=seeds, eos_ids=[], **kw)
+    kw["eos_ids"] = np.argsort(np.bincount(token_matrix(free).ravel()))[-6:].tolist()
+    finished = []
+    joined = generate(model, prompts, 16, seed=seeds, max_batch=2, on_finish=lambda i, r: finished.append((i, r)),
+                      **kw)
+    assert sorted(i for i, _ in finished) == list(range(len(prompts)))  # once per request
+    assert all(r is joined.rollouts[i] for i, r in finished)
+    assert len({len(r.tokens) for r in joined.rollouts}) > 1  # rows really stop (and free their row) at odd times
+    for i, p in enumerate(prompts):
+        alone = generate(model, [p], 16, seed=[seeds[i]], **kw).rollouts[0]
+        b = joined.rollouts[i]
+        assert b.prompt_index == i and b.tokens == alone.tokens, f"row {i}"
+        assert b.stop_reason == alone.stop_reason
+        np.testing.assert_allclose(b.logprobs, alone.logprobs, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(b.entropies, alone.entropies, atol=1e-5, rtol=0)
+    assert joined.stats.tokens == sum(len(r.tokens) for r in joined.rollouts)
+
+
+def test_samples_of_one_prompt_share_one_prefill(warm, monkeypatch):
+    """G samples of one prompt pay for one prefill, even when they join at different times."""
+    model, mtp, tok = warm
+    a, b = chat_ids(tok, "Tell me a story about a cat who lived on a boat."), chat_ids(tok, "hello")
+    prompts, seeds = [a] * 5 + [b], [3, 4, 5, 6, 7, 8]
+    kw = dict(params=SamplingParams(), mode="spec", mtp=mtp, draft_len=2, eos_ids=[])
+    alone = [generate(model, [p], 6, seed=[s], **kw).rollouts[0].tokens for p, s in zip(prompts, seeds)]
+    widths, forward = [], model.forward
+    monkeypatch.setattr(model, "forward", lambda tokens, cache: widths.append(tokens.shape[1]) or forward(tokens, cache))
+    gen = generate(model, prompts, 6, seed=seeds, max_batch=2, **kw)
+    assert sorted(w for w in widths if w > 3) == sorted([len(a), len(b)])  # one prefill per distinct prompt
+    assert [r.tokens for r in gen.rollouts] == alone
+    assert len({tuple(t) for t in alone[:5]}) > 1  # the samples differ (their own seeds)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# draft length chosen per step ("auto"): exact whatever K each step takes, K = 0 included
+
+
+def scheduled(monkeypatch, schedule):
+    """Make "auto" follow `schedule` (cycled, capped as the engine caps it) instead of the cost model."""
+    it = iter(schedule * 1000)
+    monkeypatch.setattr(autodraft, "step_costs", lambda target, mtp, batch, max_k: [1.0] * (max_k + 1))
+    monkeypatch.setattr(engine, "choose_draft_len", lambda alphas, costs, k: min(next(it), k))
+    monkeypatch.setattr(autodraft.StepCosts, "wants_baseline", lambda self, batch: False)
+
+
+@pytest.mark.parametrize("mode", ["spec", "spec-greedy"])
+def test_auto_draft_len_changing_every_step_is_exact(sharp, mode, monkeypatch):
+    model, mtp, prompt, exact, ar = sharp
+    scheduled(monkeypatch, [2, 0, 1])
+    gen = generate(model, [prompt] * ROWS, 5, SHARP, mode=mode, mtp=mtp, draft_len="auto", max_draft_len=2,
+                   seed=15, eos_ids=[])
+    assert 0 < gen.stats.mean_draft_len < 2 and gen.stats.accepted > 0
+    toks, ref = token_matrix(gen)[:, :3], token_matrix(ar)
+    for j in range(3):
+        assert gof(toks[:, j], exact[j]) > P_OK, f"{mode} token {j} vs exact"
+        assert two_sample(toks[:, j], ref[:, j]) > P_OK, f"{mode} token {j} vs ar"
+
+
+def test_auto_choosing_zero_is_plain_decoding(warm, monkeypatch):
+    """K = 0 in a spec mode draws the same uniforms as ar: the same tokens, and no speculative steps."""
+    model, mtp, tok = warm
+    prompts = [chat_ids(tok, t) for t in TEXTS]
+    scheduled(monkeypatch, [0])
+    gen = generate(model, prompts, 10, mode="spec", mtp=mtp, draft_len="auto", seed=4, eos_ids=[])
+    ar = generate(model, prompts, 10, mode="ar", seed=4, eos_ids=[])
+    assert [r.tokens for r in gen.rollouts] == [r.tokens for r in ar.rollouts] and gen.stats.steps == 0
+
+
+def test_mtp_catches_up_after_steps_without_drafts(warm, monkeypatch):
+    """After K = 0 steps (positions piled up, flushed when the pile grows) the first draft must be the MTP's
+    prediction on the whole committed sequence: the teacher-forced MTP (MTP.unroll) gives the same q."""
+    model, mtp, tok = warm
+    prompts = [chat_ids(tok, t) for t in TEXTS]
+    m = 5  # K = 0 steps before the first draft; more than max_draft_len, so the pile is flushed on the way
+    scheduled(monkeypatch, [0] * m + [2] * 50)
+    params = SamplingParams()
+    gen = generate(model, prompts, 12, params, mode="spec", mtp=mtp, draft_len="auto", max_draft_len=2, seed=2,
+                   eos_ids=[], trace=True)
+    tr = gen.trace
+    for r, (prompt, ro) in enumerate(zip(prompts, gen.rollouts)):
+        first = np.flatnonzero((tr["row"] == r) & (tr["depth"] == 0))[0]
+        seq = torch.tensor([prompt + ro.tokens])
+        with torch.no_grad():
+            h = mtp.unroll(seq, model.forward_full(seq), 1)[0]
+            q = probabilities(mtp.draft_logits(h[0, len(prompt) + m - 1]), params)
+        assert tr["draft_entropy"][first] == pytest.approx(float(-torch.special.xlogy(q, q).sum()), abs=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the end of the context (issue 11): a request that fits never fails
+
+
+@pytest.mark.parametrize("draft_len", [3, "auto"])
+def test_request_filling_the_whole_context(warm, draft_len, monkeypatch):
+    model, mtp, tok = warm
+    short = copy.deepcopy(model)
+    prompt = chat_ids(tok, "hi")
+    context = len(prompt) + 12
+    short.rope_cos, short.rope_sin = model.rope_cos[:context], model.rope_sin[:context]
+    scheduled(monkeypatch, [3])
+    greedy = SamplingParams(temperature=0)
+    ar = generate(short, [prompt], 12, greedy, mode="ar", eos_ids=[])
+    gen = generate(short, [prompt], 12, greedy, mode="spec", mtp=agreeable_mtp(short, 1.0, 0.0),
+                   draft_len=draft_len, max_draft_len=3, eos_ids=[])
+    assert len(gen.rollouts[0].tokens) == 12 and gen.rollouts[0].tokens == ar.rollouts[0].tokens
+    assert gen.stats.accepted > 0
+    with pytest.raises(BebopError, match="context"):
+        generate(short, [prompt], 13, greedy, mode="ar", eos_ids=[])

@@ -434,3 +434,22 @@ def test_sample_matches_distribution_and_handles_garbage():
     assert ((idx >= 0) & (idx < 3)).all()
     idx = sample(t64([[float("nan"), 0.5, 0.5], [-1.0, 0, 2.0]]), t64([0.0, 0.0]))
     assert idx.tolist() == [1, 2]  # NaN and negative entries count as zero
+
+
+def test_reduced_draft_vocab_gives_the_same_draws_as_its_full_vocab_q():
+    """q kept on the draft vocabulary (never scattered to V) must decide exactly as the scattered q does."""
+    g = torch.Generator().manual_seed(0)
+    B, K, V = 512, 3, 40
+    vocab_ids = torch.tensor([1, 4, 5, 9, 17, 22, 30, 31, 38])
+    p = torch.rand(B, K + 1, V, generator=g).pow(4)
+    p = p / p.sum(-1, keepdim=True)
+    q = torch.rand(B, K, len(vocab_ids), generator=g).pow(4)
+    q = q / q.sum(-1, keepdim=True)
+    q_full = torch.zeros(B, K, V).index_copy_(-1, vocab_ids, q)
+    drafts = vocab_ids[torch.randint(len(vocab_ids), (B, K), generator=g)]
+    drafts[:5, 0] = 2  # a token outside the draft vocabulary: q = 0, always rejected
+    u, f = torch.rand(B, K, dtype=torch.float64, generator=g), torch.rand(B, dtype=torch.float64, generator=g)
+    full = rejection_sample_uniform(p, q_full, drafts, u, f)
+    reduced = rejection_sample_uniform(p, q, drafts, u, f, vocab_ids=vocab_ids)
+    assert torch.equal(full[0], reduced[0]) and torch.equal(full[1], reduced[1])
+    assert (reduced[1][:5] == 0).all() and 0 < reduced[1].float().mean() < K

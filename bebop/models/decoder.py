@@ -71,6 +71,15 @@ class KVCache:
         self.v = self.v[:, rows].contiguous()
         self.lengths = self.lengths[rows]
 
+    def write_rows(self, rows: torch.Tensor, src: "KVCache", src_rows: torch.Tensor) -> None:
+        """Copy rows `src_rows` of another cache (a freshly prefilled prompt) into `rows` of this one, lengths
+        included: continuous batching puts a new request into a finished row, and one prefilled prompt can
+        fill several rows (N samples of one prompt pay for one prefill)."""
+        S = src.max_len
+        self.k[:, rows, :, :S] = src.k[:, src_rows]
+        self.v[:, rows, :, :S] = src.v[:, src_rows]
+        self.lengths[rows] = src.lengths[src_rows]
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):

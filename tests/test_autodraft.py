@@ -1,0 +1,92 @@
+"""bebop.autodraft: the K that maximises expected tokens per second, the running acceptance, the cost table."""
+
+import itertools
+import json
+
+import pytest
+import torch
+
+import bebop.autodraft as autodraft
+from bebop.autodraft import Acceptance, bucket, choose_draft_len, step_costs
+from bebop.engine import generate
+from bebop.models.registry import chat_ids
+from bebop.mtp import new_mtp
+
+
+def brute_force(alphas, costs, max_k):
+    def rate(K):
+        return (1 + sum(torch.prod(torch.tensor(alphas[:j + 1])).item() for j in range(K))) / costs[K]
+    return max(range(max_k + 1), key=rate)
+
+
+def test_choose_draft_len_maximises_tokens_per_second():
+    assert choose_draft_len(torch.tensor([0.9, 0.9, 0.9]), [1.0, 1.1, 1.2, 1.3], 3) == 3  # cheap drafts, accepted
+    assert choose_draft_len(torch.tensor([0.1, 0.1, 0.1]), [1.0, 1.5, 2.0, 2.5], 3) == 0  # costly and rejected
+    assert choose_draft_len(torch.tensor([0.9, 0.9, 0.9]), [1.0, 1.1, 1.2, 1.3], 1) == 1  # capped
+    for alphas in itertools.product([0.2, 0.6, 0.95], repeat=3):
+        for costs in ([1.0, 1.13, 1.37, 1.61], [1.0, 1.91, 2.83, 3.71], [1.0, 1.07, 2.03, 2.11]):  # no ties
+            assert choose_draft_len(torch.tensor(alphas, dtype=torch.float64), costs, 3) == \
+                brute_force(alphas, costs, 3)
+
+
+def test_acceptance_counts_conditional_rates_and_forgets():
+    acc = Acceptance(3, prior=0.5, weight=2.0, decay=1.0)
+    assert acc.alphas().tolist() == [0.5, 0.5, 0.5]
+    acc.update(2, torch.tensor([0, 1, 2, 2]))  # draft 1: 3 of 4 accepted; draft 2: reached by 3, accepted by 2
+    assert acc.alphas().tolist() == pytest.approx([(3 + 1) / (4 + 2), (2 + 1) / (3 + 2), 0.5])
+    fading = Acceptance(1, prior=0.5, decay=0.9)
+    fading.update(1, torch.zeros(100, dtype=torch.long))  # everything rejected
+    low = float(fading.alphas()[0])
+    for _ in range(50):
+        fading.update(0, torch.zeros(100, dtype=torch.long))  # steps without drafts: no evidence
+    assert low < 0.05 and float(fading.alphas()[0]) > 0.3  # drifts back, so drafting is tried again
+
+
+def test_step_costs_are_probed_once_and_cached(tiny_llama, tmp_path, monkeypatch):
+    model, _ = tiny_llama
+    mtp = new_mtp(model, 0)
+    monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
+    probes, probe = [], autodraft.probe_costs
+    monkeypatch.setattr(autodraft, "probe_costs", lambda *a, **k: probes.append(a[2]) or probe(*a, **k))
+    costs = step_costs(model, mtp, 3, 2)
+    assert len(costs) == 3 and all(c > 0 for c in costs) and probes == [4]  # batch 3 probed as its bucket, 4
+    assert step_costs(model, mtp, 4, 2) == costs and probes == [4]  # from the file
+    assert len(step_costs(model, mtp, 4, 1)) == 2 and probes == [4]
+    step_costs(model, mtp, 5, 2)
+    assert probes == [4, 8]
+    assert len(json.loads((tmp_path / autodraft.COST_FILE).read_text())) == 2
+    (tmp_path / autodraft.COST_FILE).write_text("{not json")  # a broken cache is re-probed, not an error
+    assert len(step_costs(model, mtp, 1, 2)) == 3
+    assert [bucket(b) for b in (1, 2, 3, 16, 17)] == [1, 2, 4, 16, 32]
+
+
+def test_generate_with_auto_draft_len(tiny_qwen3, tmp_path, monkeypatch):
+    model, tok = tiny_qwen3
+    monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
+    prompts = [chat_ids(tok, t) for t in ["hello", "What is 2+2?"]]
+    gen = generate(model, prompts, 20, mode="spec", mtp=new_mtp(model, 0), draft_len="auto", max_draft_len=3,
+                   seed=1, eos_ids=[])
+    assert all(len(r.tokens) == 20 for r in gen.rollouts)
+    st = gen.stats
+    assert st.draft_len == 3 and len(st.accepted_at) == 3 and st.drafted <= 3 * st.steps
+    assert st.steps == 0 or 0 < st.mean_draft_len <= 3
+    with pytest.raises(ValueError):
+        generate(model, prompts, 4, mode="spec", mtp=new_mtp(model, 0), draft_len="auto", max_draft_len=-1)
+    with pytest.raises(ValueError):
+        generate(model, prompts, 4, mode="spec", mtp=new_mtp(model, 0), draft_len="sometimes")
+
+
+def test_step_costs_are_corrected_by_measured_steps(monkeypatch):
+    monkeypatch.setattr(autodraft, "step_costs", lambda target, mtp, batch, max_k: [1.0, 1.2, 1.4][:max_k + 1])
+    costs = autodraft.StepCosts(None, None, 2, decay=0.5)
+    assert costs(16) == [1.0, 1.2, 1.4]
+    costs.record(16, 1, 2.4)  # a real K = 1 step takes twice the probe: one sample is not trusted yet ...
+    assert costs(16) == pytest.approx([2.0, 2.4, 2.8])  # ... but scales the probe
+    costs.record(16, 1, 3.6)
+    assert costs(16)[1] == pytest.approx(3.0)  # measured twice: its running average
+    assert costs(16)[0] == pytest.approx(1.0 * (2.0 + 3.0) / 2)
+    assert costs(3) == pytest.approx([2.5, 3.0, 3.5])  # another batch bucket: probe times the mean ratio
+    assert costs.wants_baseline(16)
+    costs.record(16, 0, 1.5)
+    costs.record(9, 0, 1.5)  # the same bucket as 16
+    assert not costs.wants_baseline(16) and costs(16)[0] == pytest.approx(1.5) and costs.wants_baseline(8)
