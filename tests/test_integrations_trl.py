@@ -1,6 +1,9 @@
 """bebop as TRL's GRPOTrainer rollout function, with the real TRL on tiny-llama (built in memory)."""
 
+import importlib.util
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,3 +130,19 @@ def test_bad_input_is_a_bebop_error():
         BebopRollout(llama, max_batch=0)
     with pytest.raises(BebopError, match="does not match"):
         weight_pairs(Decoder.from_hf(llama), qwen)
+
+
+def test_example_script_compares_backends(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("trl_grpo", Path(__file__).parents[1] / "examples" / "trl_grpo.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    out = tmp_path / "run.json"
+    example.main(["--model", "tiny-llama", "--backends", "trl,spec", "--steps", "1", "--prompts", "1",
+                  "--generations", "2", "--max-new-tokens", "6", "--output-dir", str(tmp_path), "--json", str(out)])
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["trl"]["rollout_time"] > 0 and summary["trl"]["bebop/acceptance_rate"] is None
+    assert summary["spec"]["bebop/weight_sync_time"] > 0 and 0 <= summary["spec"]["bebop/acceptance_rate"] <= 1
+    assert "rollout speedup spec vs trl" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        example.main(["--backends", "vllm"])
+    assert e.value.code == 2
