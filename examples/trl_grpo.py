@@ -60,7 +60,7 @@ def run(backend: str, args, tasks) -> list[dict]:
     rollout = None
     if backend != "trl":
         rollout = BebopRollout(args.model, mode=backend, draft_len=args.draft_len, dtype=args.dtype, mtp=args.mtp,
-                               max_batch=args.max_batch)
+                               max_batch=args.max_batch, progress=True)
     config = GRPOConfig(
         output_dir=str(Path(args.output_dir) / backend), max_steps=args.steps, seed=args.seed,
         per_device_train_batch_size=args.prompts * args.generations, num_generations=args.generations,

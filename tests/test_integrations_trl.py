@@ -86,7 +86,7 @@ def test_two_grpo_steps_with_speculative_rollouts_conversational(tmp_path):
     assert len(logs) == 2
     for log, call in zip(logs, rollout.calls):
         assert log["bebop/acceptance_rate"] == pytest.approx(call["out"]["acceptance_rate"])
-        assert log["bebop/weight_sync_time"] > 0 and log["bebop/generation_time"] > 0
+        assert log["bebop/weight_sync_time"] > 0 and log["bebop/generation_time"] > 0 and log["bebop/mean_entropy"] > 0
         lengths = [len(c) for c in call["out"]["completion_ids"]]
         assert log["completions/mean_length"] == pytest.approx(sum(lengths) / len(lengths))
 

@@ -178,9 +178,9 @@ class BebopRollout:
                  "mean_acceptance_length": summary["mean_acceptance_length"],
                  # a tuple, not a list: TRL would hand a list's items out one per completion
                  "per_position_acceptance": tuple(summary["per_position_acceptance"])}
-        for key in ("acceptance_rate", "mean_acceptance_length"):
-            if extra[key] is not None:
-                metrics[f"bebop/{key}"].append(extra[key])
+        for key in ("acceptance_rate", "mean_acceptance_length", "mean_entropy"):  # entropy bounds acceptance
+            if summary[key] is not None:
+                metrics[f"bebop/{key}"].append(summary[key])
         for i, a in enumerate(extra["per_position_acceptance"]):
             metrics[f"bebop/per_position_acceptance/{i}"].append(a)
         return {"prompt_ids": prompt_ids, "completion_ids": [r.tokens for r in rollouts],
