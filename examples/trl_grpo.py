@@ -71,7 +71,11 @@ def run(backend: str, args, tasks) -> list[dict]:
     trainer = TimedGRPOTrainer(model=hf, reward_funcs=arithmetic_reward(tasks), args=config, train_dataset=data,
                                processing_class=tok, rollout_func=rollout)
     trainer.train()
-    return [h for h in trainer.state.log_history if "step_time" in h]
+    steps = [h for h in trainer.state.log_history if "step_time" in h]
+    for h in steps:  # samples differ between backends, and so do their lengths: compare rates too
+        tokens = h["completions/mean_length"] * config.per_device_train_batch_size
+        h["rollout_tokens_per_s"] = tokens / h["rollout_time"]
+    return steps
 
 
 def mean(xs):
@@ -115,19 +119,23 @@ def main(argv=None):
             print(f"== round {r + 1}/{args.repeats}: backend {b}", flush=True)
             logs[b] += run(b, args, tasks)
 
-    keys = ("rollout_time", "step_time", "bebop/generation_time", "bebop/weight_sync_time", "bebop/acceptance_rate",
-            "bebop/mean_acceptance_length", "rewards/arithmetic/mean")
+    keys = ("rollout_time", "rollout_tokens_per_s", "step_time", "bebop/generation_time", "bebop/weight_sync_time",
+            "bebop/acceptance_rate", "bebop/mean_acceptance_length", "rewards/arithmetic/mean")
     summary = {b: {k: mean([h.get(k) for h in logs[b]]) for k in keys} for b in backends}
     print(f"\nmean per step over {args.repeats} x {args.steps} steps, {args.prompts} prompts x {args.generations} "
           f"generations, {args.max_new_tokens} new tokens, T={args.temperature}")
-    print(f"{'backend':<12}" + "".join(f"{k.removeprefix('bebop/'):>24}" for k in keys))
+    names = [k.removeprefix("bebop/").removeprefix("rewards/") for k in keys]
+    print(f"{'backend':<12}" + "".join(f"{k:>{max(12, len(k) + 2)}}" for k in names))
     for b in backends:
-        print(f"{b:<12}" + "".join(f"{'-' if v is None else f'{v:.4g}':>24}" for v in summary[b].values()))
+        print(f"{b:<12}" + "".join(f"{'-' if v is None else f'{v:.4g}':>{max(12, len(k) + 2)}}"
+                                   for k, v in zip(names, summary[b].values())))
     if "trl" in summary:
         for b in backends:
             if b != "trl" and summary[b]["rollout_time"]:
-                print(f"rollout speedup {b} vs trl: {summary['trl']['rollout_time'] / summary[b]['rollout_time']:.2f}x"
-                      f"  (step: {summary['trl']['step_time'] / summary[b]['step_time']:.2f}x)")
+                t, o = summary["trl"], summary[b]
+                print(f"{b} vs trl: rollout time {t['rollout_time'] / o['rollout_time']:.2f}x faster, rollout tokens/s "
+                      f"{o['rollout_tokens_per_s'] / t['rollout_tokens_per_s']:.2f}x, "
+                      f"step time {t['step_time'] / o['step_time']:.2f}x faster")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"args": vars(args), "summary": summary, "logs": logs}, indent=1))

@@ -142,7 +142,7 @@ def test_example_script_compares_backends(tmp_path, capsys):
     summary = json.loads(out.read_text())["summary"]
     assert summary["trl"]["rollout_time"] > 0 and summary["trl"]["bebop/acceptance_rate"] is None
     assert summary["spec"]["bebop/weight_sync_time"] > 0 and 0 <= summary["spec"]["bebop/acceptance_rate"] <= 1
-    assert "rollout speedup spec vs trl" in capsys.readouterr().out
+    assert "spec vs trl: rollout time" in capsys.readouterr().out
     with pytest.raises(SystemExit) as e:
         example.main(["--backends", "vllm"])
     assert e.value.code == 2

@@ -105,7 +105,8 @@ class BebopRollout:
         self.mode, self.draft_len, self.max_batch, self.seed, self.progress = mode, draft_len, max_batch, seed, progress
         self.mtp = None
         if mode != "ar":
-            self.mtp = mtp if isinstance(mtp, MTP) else load_mtp(mtp, self.decoder) if mtp else default_mtp(self.decoder)
+            self.mtp = (mtp if isinstance(mtp, MTP) else load_mtp(mtp, self.decoder) if mtp
+                        else default_mtp(self.decoder))
         self.pairs = None  # built on the first sync, against the trainer's model
         self.synced_step = None
         self.samples = 0  # samples generated so far: the per-sample seed counter
