@@ -128,6 +128,10 @@ def test_bad_input_is_a_bebop_error():
         BebopRollout(llama, mode="fast")
     with pytest.raises(BebopError, match="max_batch"):
         BebopRollout(llama, max_batch=0)
+    with pytest.raises(BebopError, match="unknown dtype"):
+        BebopRollout(llama, dtype="float8")
+    with pytest.raises(BebopError, match="unknown model"):
+        BebopRollout("no-such-model")
     with pytest.raises(BebopError, match="does not match"):
         weight_pairs(Decoder.from_hf(llama), qwen)
 

@@ -79,7 +79,8 @@ class BebopRollout:
     (its weights are copied; the trainer's model is the weight source at every sync anyway).
     mode: `spec` (default), `spec-greedy` or `ar`; draft_len: drafts per step; mtp: None (the shipped MTP for the
     model if there is one, else a fresh seeded one), a checkpoint path or an MTP module.
-    dtype: None (the source's dtype) or a name in bebop.models.registry.DTYPES.
+    dtype: None (float32 for a name, the model's own for a transformers model) or a dtype name as
+    bebop.models.registry.load_model takes it.
     max_batch: at most this many rows per engine call (memory); None = all of the call's prompts at once.
     seed: base of the per-sample seeds; None = the trainer's `args.seed`."""
 
@@ -88,12 +89,10 @@ class BebopRollout:
                  progress: bool = False):
         if mode not in MODES:
             raise BebopError(f"unknown mode '{mode}' (choose from {', '.join(MODES)})")
-        if dtype is not None and dtype not in DTYPES:
-            raise BebopError(f"unknown dtype '{dtype}' (choose from {', '.join(DTYPES)})")
         if max_batch is not None and max_batch < 1:
             raise BebopError(f"max_batch must be >= 1, got {max_batch}")
         if isinstance(model, str):
-            self.decoder, _ = load_model(model, dtype=dtype or "float32")
+            self.decoder, _ = load_model(model, dtype=dtype or "float32")  # load_model checks the dtype
         else:
             try:
                 self.decoder = Decoder.from_hf(model)
@@ -101,6 +100,8 @@ class BebopRollout:
                 raise BebopError(f"cannot use this model with bebop: {e}") from None
             self.decoder.name = getattr(model.config, "_name_or_path", None)
             if dtype is not None:
+                if dtype not in DTYPES:
+                    raise BebopError(f"unknown dtype '{dtype}' (choose from {', '.join(DTYPES)})")
                 self.decoder.to(DTYPES[dtype])
         self.mode, self.draft_len, self.max_batch, self.seed, self.progress = mode, draft_len, max_batch, seed, progress
         self.mtp = None
