@@ -295,7 +295,7 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
     eval_ids = [chat_ids(tokenizer, t.prompt) for t in eval_tasks]
     start, pending = 0, None
     if resume:
-        state = load_checkpoint(out, policy, mtp, opt, mtp_opt)
+        state = load_checkpoint(out, policy, mtp if online else None, opt, mtp_opt)
         start, pending = state["step"], state["pending"]
         for name in ("metrics.jsonl", "eval.jsonl"):  # drop rows logged after the checkpoint: they are redone
             path = out / name
