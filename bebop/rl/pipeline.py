@@ -284,7 +284,7 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
     if resume:  # the probe's verdict is part of the run: a resumed run keeps it
         use_bf16, probe = json.loads((out / "run.json").read_text())["use_bf16"], "resumed"
     elif cfg.autocast == "auto":
-        use_bf16, probe = probe_bf16(policy, cfg.micro_batch_size, 128)
+        use_bf16, probe = probe_bf16(policy, cfg.micro_batch_size, 64)
     else:
         use_bf16, probe = cfg.autocast == "bf16", None
     meta = {"use_bf16": use_bf16, "probe": probe, "train_threads": train_threads,

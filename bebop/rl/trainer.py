@@ -139,7 +139,7 @@ def mtp_step(mtp, opt, policy, samples: list[Sample], cfg: RLConfig, use_bf16: b
     return {"mtp_loss": total}
 
 
-def probe_bf16(policy, micro_batch_size: int, seq_len: int, reps: int = 2) -> tuple[bool, dict]:
+def probe_bf16(policy, micro_batch_size: int, seq_len: int, reps: int = 1) -> tuple[bool, dict]:
     """Time forward+backward of one micro-batch with and without bf16 autocast (interleaved, after a warm-up);
     True if autocast is faster on this machine. Gradients are cleared afterwards."""
     tokens = torch.randint(0, policy.cfg.vocab_size, (micro_batch_size, seq_len), device=policy.embed.weight.device)
