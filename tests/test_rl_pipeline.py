@@ -90,3 +90,21 @@ def test_resume_refuses_changed_settings(tmp_path):
 def test_bad_options(change, message):
     with pytest.raises(BebopError, match=message):
         small(**change).validate()
+
+
+def test_worker_mtp_drafts_for_the_synced_weights():
+    """After load_weights, the worker's MTP head (a cached slice under a reduced draft vocabulary) is the newly
+    loaded policy's head, and spec rollouts still run."""
+    from bebop.rl.pipeline import LocalWorker, model_spec, mtp_state, policy_state
+
+    policy, _ = load_model("tiny-qwen3")  # untied head: the MTP must follow lm_head, not the embedding
+    mtp = new_mtp(policy, seed=1)
+    mtp.set_draft_vocab(torch.arange(0, 200, 2))
+    worker = LocalWorker(model_spec(policy, mtp), "float32", "spec", 3, 1.0)
+    with torch.no_grad():
+        policy.lm_head.weight.add_(1.0)
+    worker.load_weights(policy_state(policy), mtp_state(mtp), 5)
+    assert torch.equal(worker.mtp.head_weight, policy.lm_head.weight[torch.arange(0, 200, 2)])
+    assert torch.equal(worker.mtp.eh_proj.weight, mtp.eh_proj.weight)
+    out = worker.generate([[1, 5, 9]], 6, seed=0)
+    assert out["version"] == 5 and len(out["tokens"][0]) >= 1 and out["stats"]["drafted"] > 0
