@@ -55,6 +55,7 @@ def mtp_state(mtp: MTP | None) -> dict:
 def model_spec(policy: Decoder, mtp: MTP | None) -> dict:
     """What a worker needs to build empty copies of the policy and MTP (plain, picklable data)."""
     return {"cfg": policy.cfg, "name": getattr(policy, "name", None), "eos_ids": list(getattr(policy, "eos_ids", [])),
+            "device": str(policy.embed.weight.device),
             "mtp": None if mtp is None else {"config": copy.deepcopy(mtp.config), "vocab_ids": mtp.vocab_ids.tolist()}}
 
 
@@ -63,11 +64,11 @@ class RolloutWorker:
     `generate` returns plain data."""
 
     def __init__(self, spec: dict, dtype: str, rollout: str, draft_len: int, temperature: float):
-        self.model = Decoder(spec["cfg"], max_len=4096).to(DTYPES[dtype]).eval().requires_grad_(False)
+        self.model = Decoder(spec["cfg"], max_len=4096).to(spec["device"], DTYPES[dtype]).eval().requires_grad_(False)
         self.model.name, self.model.eos_ids = spec["name"], spec["eos_ids"]
         self.mtp = None
         if spec["mtp"] is not None:
-            self.mtp = MTP(self.model, copy.deepcopy(spec["mtp"]["config"])).to(DTYPES[dtype])
+            self.mtp = MTP(self.model, copy.deepcopy(spec["mtp"]["config"])).to(spec["device"], DTYPES[dtype])
             self.mtp.requires_grad_(False).eval()
             ids = spec["mtp"]["vocab_ids"]
             self.mtp.set_draft_vocab(torch.tensor(ids) if ids else None)

@@ -149,6 +149,8 @@ def probe_bf16(policy, micro_batch_size: int, seq_len: int, reps: int = 1) -> tu
             t0 = time.perf_counter()
             with autocast(policy, flag):
                 policy.logits(policy.forward_full(tokens)).float().logsumexp(-1).mean().backward()
+            if tokens.is_cuda:  # kernels run asynchronously there: time them, not their launch
+                torch.cuda.synchronize()
             if r:  # the first round warms up both paths
                 times[flag].append(time.perf_counter() - t0)
     policy.zero_grad(set_to_none=True)
