@@ -7,7 +7,7 @@ import pytest
 from bebop.cli import main
 from bebop.rl.report import amdahl
 
-RUN = ["rl", "--model", "tiny-llama", "--mtp", "random", "--task", "arithmetic", "--steps", "2",
+RUN = ["rl", "--model", "tiny-llama", "--mtp", "random", "--task", "arithmetic", "--steps", "1",
        "--prompts-per-step", "2", "--num-generations", "2", "--max-completion-length", "6", "--eval-prompts", "2",
        "--autocast", "off", "--threads", "1"]
 
