@@ -128,17 +128,19 @@ def plot(runs: list[dict], summaries: list[dict], path: Path) -> None:
               ("acceptance_rate", "acceptance rate"), ("step_s", "step time (s)"), ("rollout_s", "rollout time (s)")]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     for ax, (key, title) in zip(axes.flat, panels):
-        for run, s in zip(runs, summaries):
+        for i, (run, s) in enumerate(zip(runs, summaries)):
+            colour = f"C{i % 10}"  # one colour per run in every panel, even where a run has no points
             if key is None:
                 e = run["evals"]
                 if e:
                     y = [x["heldout_reward"] for x in e]
                     err = [[v - x["heldout_ci95"][0] for v, x in zip(y, e)], [x["heldout_ci95"][1] - v for v, x in zip(y, e)]]
-                    ax.errorbar([x["step"] for x in e], y, yerr=err, marker="o", capsize=3, label=s["label"])
+                    ax.errorbar([x["step"] for x in e], y, yerr=err, marker="o", capsize=3, color=colour,
+                                label=s["label"])
                 continue
             pts = [(r["step"], r[key]) for r in run["rows"] if r.get(key) is not None]
             if pts:
-                ax.plot(*zip(*pts), marker=".", label=s["label"])
+                ax.plot(*zip(*pts), marker=".", color=colour, label=s["label"])
         ax.set_title(title)
         ax.set_xlabel("step")
     axes.flat[0].legend(fontsize=8)
