@@ -108,7 +108,8 @@ def markdown(summaries: list[dict]) -> str:
                   "|---|---|---|---|---|---|---|"]
         for s in fast:
             lines.append(f"| {s['label']} | {s['speedup']:.2f}x | {s['speedup_per_token']:.2f}x | "
-                         f"{s['rollout_ratio_r']:.2f}x | {s['baseline_rollout_share']:.2f} | {s['amdahl_bound']:.2f}x | "
+                         f"{s['rollout_ratio_r']:.2f}x | {s['baseline_rollout_share']:.2f} | "
+                         f"{s['amdahl_bound']:.2f}x | "
                          f"{s['speedup'] / s['amdahl_bound']:.2f} |")
         lines += ["", "**Projection** (not measured): the bound with each run's measured r at other rollout shares.",
                   "", "| run | " + " | ".join(f"s = {p}" for p in PROJECTED_SHARES) + " |",
@@ -134,7 +135,8 @@ def plot(runs: list[dict], summaries: list[dict], path: Path) -> None:
                 e = run["evals"]
                 if e:
                     y = [x["heldout_reward"] for x in e]
-                    err = [[v - x["heldout_ci95"][0] for v, x in zip(y, e)], [x["heldout_ci95"][1] - v for v, x in zip(y, e)]]
+                    lo, hi = zip(*(x["heldout_ci95"] for x in e))
+                    err = [[v - a for v, a in zip(y, lo)], [b - v for v, b in zip(y, hi)]]
                     ax.errorbar([x["step"] for x in e], y, yerr=err, marker="o", capsize=3, color=colour,
                                 label=s["label"])
                 continue
