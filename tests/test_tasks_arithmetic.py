@@ -5,7 +5,7 @@ from bebop.tasks import ARITHMETIC_LEVELS, TASKS, Task, mixed_tasks, rewards, rl
 
 
 def test_registry_names_and_default_level():
-    assert "arithmetic" in TASKS
+    assert {"arithmetic", "code"} <= set(TASKS)
     src = TASKS["arithmetic"]
     assert src.difficulties == tuple(ARITHMETIC_LEVELS) and src.default in src.difficulties
     assert all(t.difficulty == src.default for t in rl_tasks("arithmetic", 5, seed=0))

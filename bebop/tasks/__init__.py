@@ -7,7 +7,11 @@ They serve three purposes:
   3. RL tasks with verifiable rewards (math answers, code asserts).
 
 RL API: rl_tasks(name, n, seed, split, difficulty) -> [Task] for name in TASKS; task.reward(completion)
-and rewards(tasks, completions) give floats in [0, 1].
+and rewards(tasks, completions) give floats in [0, 1]. TASKS[name].difficulties lists the levels, easiest
+first; TASKS[name].default is the level calibrated for the default model (examples/task_accuracy.py).
+
+Adding a task is one file: a stream of Tasks decorated with @register_task(name, difficulties, default) and,
+for a new kind of answer, a batch reward decorated with @register_reward(kind); then import it below.
 
 Everything is generated from templates with a seeded random.Random, so a
 (n, seed, split) triple always gives the same tasks on every machine. Tasks
@@ -19,7 +23,7 @@ from bebop.tasks.base import (HELDOUT_PER_MILLE, REWARDS, SPLITS, STREAMS, TASKS
                                mixed_tasks, register_kind, register_reward, register_task, rewards, rl_tasks, split_of)
 from bebop.tasks.chat import chat_tasks
 from bebop.tasks.arithmetic import ANSWER_MARKER, ARITHMETIC_LEVELS, MATH_INSTRUCTION, check_math_answer, math_tasks
-from bebop.tasks.code import CODE_INSTRUCTION, code_tasks
+from bebop.tasks.code import CODE_INSTRUCTION, CODE_LEVELS, code_rewards, code_tasks, extract_code
 from bebop.tasks.files import load_prompts_file
 
 KINDS = tuple(STREAMS)

@@ -121,7 +121,9 @@ def math_tasks(n: int, seed: int) -> list[Task]:
 
 
 # RL difficulty levels: "hard" is the mix above (multi-step word problems); the lower levels are single
-# operations on smaller numbers. Accuracies of smollm2-135m per level are in examples/task_accuracy.py's output.
+# operations on smaller numbers. smollm2-135m's held-out accuracy at T=1 (64 prompts, 1 sample, 192 new tokens,
+# 95% Wilson interval; results/task-accuracy-smollm2-135m.jsonl, examples/task_accuracy.py): easy 30% [20, 42],
+# medium 8% [3, 17], hard 0% [0, 6]. GRPO needs groups with both outcomes, so the default is "easy".
 
 
 def _e_add(rng):
@@ -168,7 +170,7 @@ ARITHMETIC_LEVELS = {
 }
 
 
-@register_task("arithmetic", difficulties=tuple(ARITHMETIC_LEVELS), default="medium")
+@register_task("arithmetic", difficulties=tuple(ARITHMETIC_LEVELS), default="easy")
 def _arithmetic_stream(rng, difficulty):
     templates = ARITHMETIC_LEVELS[difficulty]
     while True:

@@ -76,7 +76,7 @@ class TaskSource:
     """An RL task: `stream(rng, difficulty)` yields Tasks forever; `difficulties` from easiest to hardest."""
     stream: Callable[[random.Random, str], Iterator[Task]]
     difficulties: tuple[str, ...]
-    default: str  # calibrated so the default model starts between 10% and 50% (README / examples)
+    default: str  # calibrated so the default model starts between 10% and 50% (examples/task_accuracy.py)
 
 
 # RL task name -> TaskSource
@@ -101,7 +101,8 @@ def rl_tasks(name: str, n: int, seed: int, split: str = "train", difficulty: str
     source = TASKS[name]
     difficulty = source.default if difficulty is None else difficulty
     if difficulty not in source.difficulties:
-        raise BebopError(f"unknown difficulty '{difficulty}' for task '{name}' (choose from {', '.join(source.difficulties)})")
+        raise BebopError(f"unknown difficulty '{difficulty}' for task '{name}' "
+                         f"(choose from {', '.join(source.difficulties)})")
     if split not in SPLITS:
         raise BebopError(f"unknown split '{split}' (choose from {', '.join(SPLITS)})")
     if n < 0:

@@ -3,8 +3,10 @@
 import itertools
 import math
 import random
+import re
 
-from bebop.tasks.base import Task, register_kind
+from bebop.tasks.base import Task, register_kind, register_reward, register_task
+from bebop.tasks.sandbox import Limits, run_many
 
 CODE_INSTRUCTION = "Reply with the complete function in a single ```python code block."
 
@@ -242,14 +244,69 @@ _CODE_TEMPLATES = [
 
 
 @register_kind("code")
-def _code_stream(rng):
+def _code_stream(rng, templates=_CODE_TEMPLATES, difficulty=None):
     while True:
-        sig, desc, sol, cases = rng.choice(_CODE_TEMPLATES)(rng)
+        sig, desc, sol, cases = rng.choice(templates)(rng)
         name = sig.split("(")[0]
         tests = "\n".join(f"assert {name}({', '.join(map(repr, args))}) == {want!r}" for args, want in cases)
         prompt = f"Write a Python function {sig} that {desc}.\n{CODE_INSTRUCTION}"
-        yield Task("code", prompt, tests=tests + "\n", solution=sol)
+        yield Task("code", prompt, tests=tests + "\n", solution=sol, difficulty=difficulty)
 
 
 def code_tasks(n: int, seed: int) -> list[Task]:
     return list(itertools.islice(_code_stream(random.Random(seed)), n))
+
+
+# RL difficulty levels: "easy" asks for textbook one-liners and loops; "medium" is the whole mix above.
+# smollm2-135m's held-out accuracy (all asserts pass) at T=1, 64 prompts, 1 sample, 192 new tokens, 95% Wilson
+# interval (results/task-accuracy-smollm2-135m.jsonl): easy 59% [47, 71], medium 27% [17, 39]; default "medium".
+CODE_LEVELS = {
+    "easy": [_c_add_k, _c_times_k, _c_power, _c_reverse, _c_sum_list, _c_scale_list, _c_extreme, _c_is_multiple,
+             _c_factorial, _c_count_words],
+    "medium": _CODE_TEMPLATES,
+}
+
+
+@register_task("code", difficulties=tuple(CODE_LEVELS), default="medium")
+def _code_rl_stream(rng, difficulty):
+    return _code_stream(rng, CODE_LEVELS[difficulty], difficulty)
+
+
+# an opening fence (```python, ```py or a bare ```) up to its closing fence, or to the end of a truncated reply
+_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.S | re.I)
+
+
+def extract_code(completion: str, function: str | None = None) -> str | None:
+    """The code of the reply's first fenced block that defines `function` (else its first block); None when
+    the reply has no fenced block, as the instruction asks for one. A reply that starts straight with the
+    definition and only closes the fence (small models do) counts as a block too."""
+    blocks = _FENCE.findall(completion)
+    if function is not None:
+        head = completion.split("```", 1)[0]
+        if "```" in completion and _defines(head, function):
+            blocks = [head] + blocks
+        blocks = [b for b in blocks if _defines(b, function)] or blocks
+    return blocks[0] if blocks else None
+
+
+def _defines(code: str, function: str) -> bool:
+    return re.search(rf"^\s*def\s+{re.escape(function)}\s*\(", code, re.M) is not None
+
+
+def function_name(task: Task) -> str:
+    return re.match(r"assert (\w+)\(", task.tests).group(1)
+
+
+@register_reward("code")
+def code_rewards(tasks: list[Task], completions: list[str], limits: Limits = Limits()) -> list[float]:
+    """The fraction of each task's hidden asserts that the reply's code passes, run in parallel sandboxes."""
+    out = [0.0] * len(tasks)
+    jobs, index = [], []
+    for i, (task, completion) in enumerate(zip(tasks, completions)):
+        code = extract_code(completion, function_name(task))
+        if code is not None:
+            jobs.append((code, task.tests.splitlines()))
+            index.append(i)
+    for i, score in zip(index, run_many(jobs, limits)):
+        out[i] = score
+    return out
