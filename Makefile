@@ -16,9 +16,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# a few one-step-async GRPO steps on arithmetic: spec rollouts with the shipped (frozen) MTP next to plain ar,
+# same seed; the report prints rewards, acceptance and the measured end-to-end speedup
+DEMO_RL := --model smollm2-135m --task arithmetic --steps 2 --prompts-per-step 4 --num-generations 4 \
+	--max-completion-length 64 --eval-prompts 16 --async-mode one-step --seed 0
 demo: $(STAMP)
-	.venv/bin/bebop bench --model smollm2-135m --batch-sizes 1,4 --modes ar,spec,spec-greedy \
-		--draft-len 3 --temperature 1.0 --max-new-tokens 64 --repeats 2 --json runs/demo-bench.json
+	.venv/bin/bebop rl $(DEMO_RL) --rollout ar --out runs/demo/ar
+	.venv/bin/bebop rl $(DEMO_RL) --rollout spec --mtp-strategy frozen --out runs/demo/spec
+	.venv/bin/bebop report runs/demo/ar runs/demo/spec --out runs/demo/report
 
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=15

@@ -379,6 +379,82 @@ def cmd_analyze_entropy(args):
     print((Path(args.out) / "report.md").read_text())
 
 
+def cmd_rl(args):
+    from dataclasses import fields
+
+    from bebop.models.registry import load_model
+    from bebop.rl.config import RLConfig
+    from bebop.rl.pipeline import run_rl
+    from bebop.tasks import rewards, rl_tasks
+
+    cfg = RLConfig(**{f.name: getattr(args, f.name) for f in fields(RLConfig)}).validate()
+    train = rl_tasks(cfg.task, cfg.steps * cfg.prompts_per_step, cfg.seed, "train", cfg.difficulty)
+    heldout = rl_tasks(cfg.task, cfg.eval_prompts, cfg.seed, "heldout", cfg.difficulty)
+    policy, tok = load_model(cfg.model)  # fp32 master weights; rollouts use their own --rollout-dtype copy
+    mtp = pick_mtp(cfg.mtp, policy) if cfg.rollout != "ar" else None
+    rows = run_rl(cfg, args.out, policy, tok, train, heldout, mtp, score=rewards, resume=args.resume)
+    evals = [json.loads(x) for x in (Path(args.out) / "eval.jsonl").read_text().splitlines()]
+    for e in evals[:1] + evals[-1:]:
+        lo, hi = e["heldout_ci95"]
+        print(f"step {e['step']}: held-out reward {e['heldout_reward']:.3f} (n={e['heldout_n']}, 95% CI "
+              f"{lo:.2f}-{hi:.2f})", file=sys.stderr)
+    if rows:
+        acc = [r["acceptance_rate"] for r in rows if r["acceptance_rate"] is not None]
+        print(f"{len(rows)} steps in {sum(r['step_s'] for r in rows):.1f}s; reward {rows[0]['reward_mean']:.3f} -> "
+              f"{rows[-1]['reward_mean']:.3f}" + (f"; acceptance {acc[0]:.3f} -> {acc[-1]:.3f}" if acc else ""),
+              file=sys.stderr)
+
+
+def cmd_report(args):
+    from bebop.rl.report import write_report
+
+    print(write_report(args.runs, args.out))
+
+
+def add_rl_args(p):
+    from bebop.rl.config import (ASYNC_MODES, AUTOCAST, DTYPES, LOSS_TYPES, MTP_STRATEGIES, ROLLOUTS, SCALE_REWARDS,
+                                 RLConfig)
+
+    d = RLConfig()
+    p.add_argument("--model", default=d.model, help="registry name or local Hugging Face model directory")
+    p.add_argument("--mtp", default=d.mtp, help="MTP checkpoint or 'random'; default: the model's shipped MTP")
+    p.add_argument("--task", default=d.task, help="RL task (arithmetic, code)")
+    p.add_argument("--difficulty", default=d.difficulty, help="task difficulty level (default: the task's)")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--prompts-per-step", type=int, default=d.prompts_per_step)
+    p.add_argument("--num-generations", type=int, default=d.num_generations, help="G: completions per prompt")
+    p.add_argument("--max-completion-length", type=int, default=d.max_completion_length)
+    p.add_argument("--temperature", type=float, default=d.temperature)
+    p.add_argument("--learning-rate", type=float, default=d.learning_rate)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm)
+    p.add_argument("--beta", type=float, default=d.beta, help="KL coefficient to the initial policy")
+    p.add_argument("--epsilon", type=float, default=d.epsilon, help="clip range")
+    p.add_argument("--epsilon-high", type=float, default=d.epsilon_high, help="upper clip range (default: epsilon)")
+    p.add_argument("--loss-type", default=d.loss_type, help=f"{'|'.join(LOSS_TYPES)}")
+    p.add_argument("--scale-rewards", default=d.scale_rewards, help=f"{'|'.join(SCALE_REWARDS)}")
+    p.add_argument("--num-iterations", type=int, default=d.num_iterations, help="updates per batch of rollouts")
+    p.add_argument("--importance-sampling-cap", type=float, default=d.importance_sampling_cap,
+                   help="truncated importance sampling cap between rollout and training log-probs")
+    p.add_argument("--micro-batch-size", type=int, default=d.micro_batch_size)
+    p.add_argument("--autocast", default=d.autocast, help=f"{'|'.join(AUTOCAST)}: bf16 autocast for training "
+                                                          "(auto: a short probe picks the faster)")
+    p.add_argument("--rollout", default=d.rollout, help=f"{'|'.join(ROLLOUTS)}")
+    p.add_argument("--draft-len", type=int, default=d.draft_len)
+    p.add_argument("--mtp-strategy", default=d.mtp_strategy, help=f"{'|'.join(MTP_STRATEGIES)}")
+    p.add_argument("--mtp-learning-rate", type=float, default=d.mtp_learning_rate)
+    p.add_argument("--async-mode", default=d.async_mode, help=f"{'|'.join(ASYNC_MODES)}")
+    p.add_argument("--rollout-dtype", default=d.rollout_dtype, help=f"{'|'.join(DTYPES)}")
+    p.add_argument("--threads", type=int, default=d.threads, help="torch threads in all (0: the usable CPUs); "
+                                                                   "one-step splits them between the two processes")
+    p.add_argument("--eval-every", type=int, default=d.eval_every, help="held-out evaluation period (0: first/last)")
+    p.add_argument("--eval-prompts", type=int, default=d.eval_prompts)
+    p.add_argument("--save-every", type=int, default=d.save_every)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--out", required=True)
+    p.add_argument("--resume", action="store_true", help="continue from OUT's last checkpoint")
+
+
 def add_train_args(p):
     p.add_argument("--data", required=True, help="directory written by `bebop make-data`")
     p.add_argument("--draft-len", type=int, default=3)
@@ -467,6 +543,15 @@ def build_parser():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_analyze_entropy)
+
+    p = sub.add_parser("rl", help="GRPO with plain or speculative rollouts, synchronous or one step off-policy")
+    add_rl_args(p)
+    p.set_defaults(func=cmd_rl)
+
+    p = sub.add_parser("report", help="compare RL runs: Markdown, JSON and plots; speedups over the ar run")
+    p.add_argument("runs", nargs="+", help="directories written by `bebop rl`")
+    p.add_argument("--out", default=None, help="output directory (default: the first run's parent)/report")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

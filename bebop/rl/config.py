@@ -1,0 +1,96 @@
+"""`bebop rl` options as one dataclass: the single source of defaults (the CLI reads them from here).
+Names follow TRL's GRPOConfig where TRL has the option."""
+
+import os
+from dataclasses import dataclass, fields
+
+from bebop.errors import BebopError
+
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
+ROLLOUTS = ("ar", "spec", "spec-greedy")
+MTP_STRATEGIES = ("frozen", "online-ce", "online-kl", "online-e2e-tv")
+ASYNC_MODES = ("off", "one-step")
+SCALE_REWARDS = ("group", "batch", "none")
+AUTOCAST = ("auto", "bf16", "off")
+DTYPES = ("bfloat16", "float32")
+
+
+@dataclass
+class RLConfig:
+    model: str = "smollm2-135m"
+    mtp: str | None = None  # checkpoint path, 'random', or None = the model's shipped MTP
+    task: str = "arithmetic"
+    difficulty: str | None = None  # the task's default level if None
+    steps: int = 20
+    prompts_per_step: int = 4
+    num_generations: int = 4  # G: completions per prompt (one GRPO group)
+    max_completion_length: int = 96
+    temperature: float = 1.0
+    learning_rate: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    beta: float = 0.0  # KL to the frozen initial policy; 0 = no reference model (TRL's default)
+    epsilon: float = 0.2  # clip range below 1
+    epsilon_high: float | None = None  # clip range above 1; None = epsilon (DAPO's paper uses 0.28)
+    loss_type: str = "dapo"
+    scale_rewards: str = "group"
+    num_iterations: int = 1  # policy updates per batch of rollouts (TRL's mu)
+    importance_sampling_cap: float = 3.0  # truncated IS between rollout and training log-probs (TRL's clip_max)
+    micro_batch_size: int = 4  # sequences per forward/backward; gradients accumulate over the batch
+    autocast: str = "auto"  # bf16 autocast over fp32 master weights: auto = whichever a short probe finds faster
+    rollout: str = "spec"
+    draft_len: int = 3
+    mtp_strategy: str = "frozen"
+    mtp_learning_rate: float = 1e-4
+    async_mode: str = "off"
+    rollout_dtype: str = "bfloat16"
+    threads: int = 0  # total torch threads; 0 = the CPUs this process may use. one-step splits them
+    eval_every: int = 0  # 0 = only before and after the run
+    eval_prompts: int = 32
+    save_every: int = 1
+    seed: int = 0
+
+    @property
+    def clip_high(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    def total_threads(self) -> int:
+        return self.threads or len(os.sched_getaffinity(0))
+
+    def validate(self) -> "RLConfig":
+        choices = {"loss_type": LOSS_TYPES, "rollout": ROLLOUTS, "mtp_strategy": MTP_STRATEGIES,
+                   "async_mode": ASYNC_MODES, "scale_rewards": SCALE_REWARDS, "autocast": AUTOCAST,
+                   "rollout_dtype": DTYPES}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise BebopError(f"--{flag(name)} must be one of {', '.join(allowed)}, got '{getattr(self, name)}'")
+        for name in ("steps", "prompts_per_step", "max_completion_length", "micro_batch_size", "num_iterations",
+                     "eval_prompts", "save_every"):
+            if getattr(self, name) < 1:
+                raise BebopError(f"--{flag(name)} must be >= 1, got {getattr(self, name)}")
+        if self.num_generations < 2:
+            raise BebopError(f"--num-generations must be >= 2 (GRPO compares completions within a group), "
+                             f"got {self.num_generations}")
+        for name in ("learning_rate", "temperature", "importance_sampling_cap"):
+            if not getattr(self, name) > 0:
+                raise BebopError(f"--{flag(name)} must be > 0, got {getattr(self, name)}")
+        for name in ("beta", "epsilon", "weight_decay", "mtp_learning_rate", "eval_every", "threads", "max_grad_norm"):
+            if not getattr(self, name) >= 0:
+                raise BebopError(f"--{flag(name)} must be >= 0, got {getattr(self, name)}")
+        if self.epsilon_high is not None and not self.epsilon_high >= 0:
+            raise BebopError(f"--epsilon-high must be >= 0, got {self.epsilon_high}")
+        if self.rollout != "ar" and self.draft_len < 1:
+            raise BebopError(f"--draft-len must be >= 1 for --rollout {self.rollout}, got {self.draft_len}")
+        if self.rollout == "ar" and self.mtp_strategy != "frozen":
+            raise BebopError(f"--mtp-strategy {self.mtp_strategy} needs a speculative --rollout (spec or spec-greedy)")
+        if self.async_mode == "one-step" and self.total_threads() < 2:
+            raise BebopError("--async-mode one-step needs --threads >= 2 (one for rollouts, one for training)")
+        return self
+
+
+def flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def field_names() -> list[str]:
+    return [f.name for f in fields(RLConfig)]

@@ -1,0 +1,164 @@
+"""`bebop report DIR...`: compare `bebop rl` runs. Markdown + JSON + one PNG of curves against step, and each
+run's end-to-end speedup over the `ar` run with the same seed and async mode.
+
+Speedup arithmetic (Amdahl): with r the rollout-only ratio (ar's rollout seconds per token over the run's) and
+s the share of the ar run's step time spent in rollouts, speculative rollouts can make a step at most
+1 / ((1 - s) + s / r) times faster. The same r at rollout shares 0.5 / 0.7 / 0.9 (GPU clusters sit at 0.9+)
+is printed as a projection, not a measurement.
+"""
+
+import json
+from pathlib import Path
+
+from bebop.errors import BebopError
+
+PROJECTED_SHARES = (0.5, 0.7, 0.9)
+
+
+def read_run(path) -> dict:
+    path = Path(path)
+    try:
+        config = json.loads((path / "config.json").read_text())
+        rows = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        evals = [json.loads(x) for x in (path / "eval.jsonl").read_text().splitlines() if x.strip()] \
+            if (path / "eval.jsonl").exists() else []
+    except (OSError, ValueError) as e:
+        raise BebopError(f"'{path}' is not a `bebop rl` output directory: {e}") from None
+    if not rows:
+        raise BebopError(f"'{path}' has no steps in metrics.jsonl")
+    return {"dir": str(path), "config": config, "rows": rows, "evals": evals}
+
+
+def amdahl(s: float, r: float) -> float:
+    return 1 / ((1 - s) + s / r)
+
+
+def summarize(run: dict) -> dict:
+    c, rows, evals = run["config"], run["rows"], run["evals"]
+    total = lambda k: sum(r[k] or 0 for r in rows)
+    tokens = total("tokens")
+    acc = [r["acceptance_rate"] for r in rows if r["acceptance_rate"] is not None]
+    label = c["rollout"] if c["rollout"] == "ar" else f"{c['rollout']} ({c['mtp_strategy']})"
+    return {"dir": run["dir"], "label": f"{label}, {c['async_mode']}", "rollout": c["rollout"],
+            "mtp_strategy": c["mtp_strategy"], "async_mode": c["async_mode"], "seed": c["seed"],
+            "model": c["model"], "task": c["task"], "steps": len(rows), "tokens": tokens,
+            "wall_s": total("step_s"), "rollout_s": total("rollout_s"), "train_s": total("train_s"),
+            "mtp_train_s": total("mtp_train_s"), "sync_s": total("sync_s"),
+            "rollout_share": total("rollout_s") / max(total("step_s"), 1e-9),
+            "rollout_s_per_token": total("rollout_s") / max(tokens, 1),
+            "reward_first": rows[0]["reward_mean"], "reward_last": rows[-1]["reward_mean"],
+            "heldout_first": evals[0] if evals else None, "heldout_last": evals[-1] if evals else None,
+            "acceptance_first": acc[0] if acc else None, "acceptance_last": acc[-1] if acc else None,
+            "acceptance_max_drift": max(abs(a - acc[0]) for a in acc) if acc else None,
+            "policy_version_lag_max": max(r["policy_version_lag"] for r in rows)}
+
+
+def compare(summaries: list[dict]) -> None:
+    """Add, to each run, its speedup over the ar run of the same seed, model, task and async mode; r; the
+    Amdahl bound from the synchronous ar run's rollout share; and projections."""
+    def find(s, mode):
+        for b in summaries:
+            if (b["rollout"], b["async_mode"], b["seed"], b["model"], b["task"]) == ("ar", mode, s["seed"], s["model"],
+                                                                                     s["task"]):
+                return b
+        return None
+
+    for s in summaries:
+        base = find(s, s["async_mode"])
+        sync_base = find(s, "off") or base
+        if base is None or base is s:
+            continue
+        s["baseline"] = base["dir"]
+        s["speedup"] = base["wall_s"] / s["wall_s"]
+        s["speedup_per_token"] = (base["wall_s"] / max(base["tokens"], 1)) / (s["wall_s"] / max(s["tokens"], 1))
+        r = base["rollout_s_per_token"] / s["rollout_s_per_token"]
+        share = sync_base["rollout_share"]
+        s["rollout_ratio_r"] = r
+        s["baseline_rollout_share"] = share
+        s["amdahl_bound"] = amdahl(share, r)
+        s["projected"] = {str(p): amdahl(p, r) for p in PROJECTED_SHARES}
+
+
+def fmt(x, spec=".3f"):
+    return "-" if x is None else format(x, spec)
+
+
+def heldout(e) -> str:
+    if e is None:
+        return "-"
+    return f"{e['heldout_reward']:.3f} (n={e['heldout_n']}, {e['heldout_ci95'][0]:.2f}-{e['heldout_ci95'][1]:.2f})"
+
+
+def markdown(summaries: list[dict]) -> str:
+    lines = ["# RL runs", "", "| run | steps | wall s | rollout s | train s | mtp s | sync s | rollout share | "
+             "reward first -> last | held-out start -> end (n, 95% CI) | acceptance first -> last (max drift) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        lines.append(f"| {s['label']} | {s['steps']} | {s['wall_s']:.1f} | {s['rollout_s']:.1f} | {s['train_s']:.1f} | "
+                     f"{s['mtp_train_s']:.1f} | {s['sync_s']:.2f} | {s['rollout_share']:.2f} | "
+                     f"{s['reward_first']:.3f} -> {s['reward_last']:.3f} | {heldout(s['heldout_first'])} -> "
+                     f"{heldout(s['heldout_last'])} | {fmt(s['acceptance_first'])} -> {fmt(s['acceptance_last'])} "
+                     f"({fmt(s['acceptance_max_drift'])}) |")
+    fast = [s for s in summaries if "speedup" in s]
+    if fast:
+        lines += ["", "## End-to-end speedup over `ar` (same seed, same async mode)", "",
+                  "r = ar rollout s/token over the run's; s = rollout share of the synchronous ar run's step time; "
+                  "bound = 1/((1-s)+s/r).", "",
+                  "| run | speedup (wall) | speedup (per token) | r | s | Amdahl bound | measured / bound |",
+                  "|---|---|---|---|---|---|---|"]
+        for s in fast:
+            lines.append(f"| {s['label']} | {s['speedup']:.2f}x | {s['speedup_per_token']:.2f}x | "
+                         f"{s['rollout_ratio_r']:.2f}x | {s['baseline_rollout_share']:.2f} | "
+                         f"{s['amdahl_bound']:.2f}x | "
+                         f"{s['speedup'] / s['amdahl_bound']:.2f} |")
+        lines += ["", "**Projection** (not measured): the bound with each run's measured r at other rollout shares.",
+                  "", "| run | " + " | ".join(f"s = {p}" for p in PROJECTED_SHARES) + " |",
+                  "|---|" + "---|" * len(PROJECTED_SHARES)]
+        for s in fast:
+            lines.append(f"| {s['label']} | " + " | ".join(f"{v:.2f}x" for v in s["projected"].values()) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[dict], summaries: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("reward_mean", "reward (train batch)"), (None, "held-out reward"), ("entropy_mean", "entropy (nats)"),
+              ("acceptance_rate", "acceptance rate"), ("step_s", "step time (s)"), ("rollout_s", "rollout time (s)")]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for ax, (key, title) in zip(axes.flat, panels):
+        for i, (run, s) in enumerate(zip(runs, summaries)):
+            colour = f"C{i % 10}"  # one colour per run in every panel, even where a run has no points
+            if key is None:
+                e = run["evals"]
+                if e:
+                    y = [x["heldout_reward"] for x in e]
+                    lo, hi = zip(*(x["heldout_ci95"] for x in e))
+                    err = [[v - a for v, a in zip(y, lo)], [b - v for v, b in zip(y, hi)]]
+                    ax.errorbar([x["step"] for x in e], y, yerr=err, marker="o", capsize=3, color=colour,
+                                label=s["label"])
+                continue
+            pts = [(r["step"], r[key]) for r in run["rows"] if r.get(key) is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker=".", color=colour, label=s["label"])
+        ax.set_title(title)
+        ax.set_xlabel("step")
+    axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_report(dirs: list[str], out: str | None = None) -> str:
+    runs = [read_run(d) for d in dirs]
+    summaries = [summarize(r) for r in runs]
+    compare(summaries)
+    out = Path(out) if out else Path(dirs[0]).parent / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    md = markdown(summaries)
+    (out / "report.md").write_text(md + "\n![curves](report.png)\n")
+    (out / "report.json").write_text(json.dumps(summaries, indent=1))
+    plot(runs, summaries, out / "report.png")
+    return md
