@@ -21,6 +21,7 @@ install: $(STAMP)
 DEMO_RL := --model smollm2-135m --task arithmetic --steps 2 --prompts-per-step 4 --num-generations 4 \
 	--max-completion-length 64 --eval-prompts 16 --async-mode one-step --seed 0
 demo: $(STAMP)
+	rm -rf runs/demo  # a fresh demo each time: bebop rl refuses to overwrite a run without --resume
 	.venv/bin/bebop rl $(DEMO_RL) --rollout ar --out runs/demo/ar
 	.venv/bin/bebop rl $(DEMO_RL) --rollout spec --mtp-strategy frozen --out runs/demo/spec
 	.venv/bin/bebop report runs/demo/ar runs/demo/spec --out runs/demo/report

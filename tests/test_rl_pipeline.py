@@ -78,6 +78,10 @@ def test_resume_refuses_changed_settings(tmp_path):
     run(small(steps=1, rollout="ar"), tmp_path / "a")
     with pytest.raises(BebopError, match="settings differ.*learning_rate"):
         run(small(steps=2, rollout="ar", learning_rate=1e-4), tmp_path / "a", resume=True)
+    with pytest.raises(BebopError, match="holds a run already"):  # never overwritten without --resume
+        run(small(steps=1, rollout="ar"), tmp_path / "a")
+    with pytest.raises(BebopError, match="no checkpoint"):
+        run(small(steps=1, rollout="ar"), tmp_path / "empty", resume=True)
 
 
 @pytest.mark.parametrize("change,message", [

@@ -18,7 +18,6 @@ import copy
 import json
 import math
 import os
-import shutil
 import time
 import traceback
 from dataclasses import asdict
@@ -26,9 +25,9 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from bebop import checkpoint
 from bebop.engine import generate
 from bebop.errors import BebopError
 from bebop.mtp import MTP
@@ -195,39 +194,32 @@ def step_prompts(pool: list, prompt_ids: list[list[int]], cfg: RLConfig, step: i
 
 # ----- checkpoints: everything into a fresh directory, then one os.replace of the pointer file -----
 
-def save_checkpoint(out: Path, step: int, policy, mtp, opt, mtp_opt, pending, extra: dict) -> None:
-    name = f"ckpt-{step:06d}"
-    tmp = out / (name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in policy_state(policy).items()}, str(tmp / "policy.safetensors"))
+def save_checkpoint(out: Path, step: int, policy, mtp, opt, mtp_opt, pending) -> None:
+    """Policy (+ the MTP when it trains), optimisers, RNG and the in-flight one-step batch, committed together
+    (bebop.checkpoint: one directory rename is the commit point)."""
+    tensors = {f"policy.{k}": v for k, v in policy_state(policy).items()}
     if mtp is not None:
-        save_file({k: v.detach().contiguous() for k, v in mtp.state_dict().items()}, str(tmp / "mtp.safetensors"))
-    torch.save({"step": step, "optimizer": opt.state_dict(), "mtp_optimizer": mtp_opt and mtp_opt.state_dict(),
-                "torch_rng": torch.get_rng_state(), "pending": pending, **extra}, tmp / "state.pt")
-    shutil.rmtree(out / name, ignore_errors=True)
-    tmp.rename(out / name)
-    pointer = out / "latest.tmp"
-    pointer.write_text(name)
-    os.replace(pointer, out / "latest")  # the commit point
-    for old in out.glob("ckpt-*"):
-        if old.name != name:
-            shutil.rmtree(old, ignore_errors=True)
+        tensors.update({f"mtp.{k}": v for k, v in mtp.state_dict().items()})
+    state = {"optimizer": opt.state_dict(), "mtp_optimizer": mtp_opt and mtp_opt.state_dict(),
+             "torch_rng": torch.get_rng_state(), "pending": pending}
+    checkpoint.save_checkpoint(out / "ckpt", step, tensors, state)
 
 
 def load_checkpoint(out: Path, policy, mtp, opt, mtp_opt) -> dict:
-    name = (out / "latest").read_text().strip()
-    folder = out / name
-    policy.load_state_dict(load_file(str(folder / "policy.safetensors")), strict=False)
+    """Restore what `save_checkpoint` wrote; returns its state with "step" added."""
+    ckpt = checkpoint.load_checkpoint(out / "ckpt")
+    if ckpt is None:
+        raise BebopError(f"cannot resume: no checkpoint in {out}")
+    part = lambda prefix: {k[len(prefix):]: v for k, v in ckpt.tensors.items() if k.startswith(prefix)}
+    policy.load_state_dict(part("policy."), strict=False)
     if mtp is not None:
-        mtp.load_state_dict(load_file(str(folder / "mtp.safetensors")))
+        mtp.load_state_dict(part("mtp."))
         mtp.set_draft_vocab(mtp.vocab_ids if len(mtp.vocab_ids) else None)
-    state = torch.load(folder / "state.pt", weights_only=False)
-    opt.load_state_dict(state["optimizer"])
+    opt.load_state_dict(ckpt.state["optimizer"])
     if mtp_opt is not None:
-        mtp_opt.load_state_dict(state["mtp_optimizer"])
-    torch.set_rng_state(state["torch_rng"])
-    return state
+        mtp_opt.load_state_dict(ckpt.state["mtp_optimizer"])
+    torch.set_rng_state(ckpt.state["torch_rng"])
+    return {**ckpt.state, "step": ckpt.step}
 
 
 # ----- the run -----
@@ -254,13 +246,16 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
     out.mkdir(parents=True, exist_ok=True)
     score = score or (lambda tasks, texts: [t.reward(c) for t, c in zip(tasks, texts)])
     config = asdict(cfg)
-    if resume and (out / "latest").exists():
+    has_checkpoint = bool(checkpoint.committed(out / "ckpt"))
+    if resume and has_checkpoint:
         saved = json.loads((out / "config.json").read_text())
         changed = sorted(k for k in config if k not in ("steps", "threads") and saved.get(k) != config[k])
         if changed:
             raise BebopError(f"cannot resume {out}: settings differ from the run's ({', '.join(changed)})")
     elif resume:
         raise BebopError(f"cannot resume: no checkpoint in {out}")
+    elif has_checkpoint:  # never overwrite a user's run without a word
+        raise BebopError(f"{out} holds a run already: pass --resume to continue it, or choose a new --out")
     else:
         for name in ("metrics.jsonl", "eval.jsonl"):
             (out / name).unlink(missing_ok=True)
@@ -388,7 +383,7 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
                 f.write(json.dumps(row) + "\n")
             rows.append(row)
             if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-                save_checkpoint(out, step + 1, policy, mtp if online else None, opt, mtp_opt, pending, {})
+                save_checkpoint(out, step + 1, policy, mtp if online else None, opt, mtp_opt, pending)
             bar.update(1)
             bar.set_postfix(reward=f"{row['reward_mean']:.2f}",
                             acc="-" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.2f}")
