@@ -27,14 +27,14 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from bebop.errors import BebopError  # noqa: E402
 from bebop.integrations.trl import BebopRollout  # noqa: E402
 from bebop.models.registry import load_hf  # noqa: E402
-from bebop.tasks import check_math_answer, math_tasks  # noqa: E402
+from bebop.tasks import rl_tasks  # noqa: E402
 
 BACKENDS = ("trl", "ar", "spec", "spec-greedy")
 
 
 def task_reward(task, completion: str) -> float:
     """The one place that knows how a task scores a completion (1 for the right final answer)."""
-    return float(check_math_answer(task, completion))
+    return task.reward(completion)
 
 
 def arithmetic_reward(tasks):
@@ -112,7 +112,7 @@ def main(argv=None):
     if args.generations < 2:
         p.error("--generations must be >= 2 (GRPO compares completions within a group)")
 
-    tasks = math_tasks(args.prompts * args.steps, seed=args.seed)
+    tasks = rl_tasks("arithmetic", args.prompts * args.steps, seed=args.seed)  # calibrated default difficulty
     logs = {b: [] for b in backends}
     for r in range(args.repeats):
         for b in backends:

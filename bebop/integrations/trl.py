@@ -31,7 +31,7 @@ import time
 import torch
 from trl.data_utils import is_conversational
 
-from bebop.engine import MODES, SpecStats, generate
+from bebop.engine import MODES, generate
 from bebop.errors import BebopError
 from bebop.models.decoder import Decoder, convert_hf_state_dict
 from bebop.models.registry import DEFAULT_MODEL, DTYPES, load_model
@@ -81,7 +81,7 @@ class BebopRollout:
     model if there is one, else a fresh seeded one), a checkpoint path or an MTP module.
     dtype: None (float32 for a name, the model's own for a transformers model) or a dtype name as
     bebop.models.registry.load_model takes it.
-    max_batch: at most this many rows per engine call (memory); None = all of the call's prompts at once.
+    max_batch: at most this many rows decoding at once (continuous batching); None = all of the call's prompts.
     seed: base of the per-sample seeds; None = the trainer's `args.seed`."""
 
     def __init__(self, model=DEFAULT_MODEL, mode: str = "spec", draft_len: int = 3, dtype: str | None = None,
@@ -162,17 +162,13 @@ class BebopRollout:
         self.samples += len(prompt_ids)
 
         start = time.perf_counter()
-        chunk = self.max_batch or len(prompt_ids)
-        rollouts, stats = [], SpecStats()
-        for i in range(0, len(prompt_ids), chunk):
-            try:
-                g = generate(self.decoder, prompt_ids[i:i + chunk], trainer.max_completion_length, params,
-                             mode=self.mode, mtp=self.mtp, draft_len=self.draft_len, seed=seeds[i:i + chunk],
-                             eos_ids=list(trainer.eos_token_ids), progress=self.progress)
-            except ValueError as e:
-                raise BebopError(str(e)) from None
-            rollouts += g.rollouts
-            merge_stats(stats, g.stats)
+        try:  # one engine call: continuous batching keeps at most max_batch rows decoding at once
+            g = generate(self.decoder, prompt_ids, trainer.max_completion_length, params, mode=self.mode,
+                         mtp=self.mtp, draft_len=self.draft_len, seed=seeds, eos_ids=list(trainer.eos_token_ids),
+                         progress=self.progress, max_batch=self.max_batch)
+        except ValueError as e:
+            raise BebopError(str(e)) from None
+        rollouts, stats = g.rollouts, g.stats
         metrics["bebop/generation_time"].append(time.perf_counter() - start)
 
         summary = stats.summary()
@@ -187,16 +183,3 @@ class BebopRollout:
             metrics[f"bebop/per_position_acceptance/{i}"].append(a)
         return {"prompt_ids": prompt_ids, "completion_ids": [r.tokens for r in rollouts],
                 "logprobs": [r.logprobs for r in rollouts], **extra}
-
-
-def merge_stats(total: SpecStats, part: SpecStats) -> None:
-    """Add one engine call's counters to `total` (chunked generation)."""
-    total.draft_len = max(total.draft_len, part.draft_len)
-    total.accepted_at += [0] * (len(part.accepted_at) - len(total.accepted_at))
-    total.steps += part.steps
-    total.drafted += part.drafted
-    total.accepted += part.accepted
-    total.tokens += part.tokens
-    total.entropy_sum += part.entropy_sum
-    for i, a in enumerate(part.accepted_at):
-        total.accepted_at[i] += a
