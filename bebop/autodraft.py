@@ -113,6 +113,13 @@ def step_costs(target, mtp, batch: int, max_k: int) -> list[float]:
     return costs[:max_k + 1]
 
 
+def probe_buckets(target, mtp, max_batch: int, max_k: int) -> None:
+    """Probe (or read from the cache) every batch bucket up to `max_batch`, so that a benchmark pays the one-off
+    probes before its timed runs; a draining batch passes through every smaller bucket."""
+    for b in range(bucket(max_batch).bit_length()):
+        step_costs(target, mtp, 1 << b, max_k)
+
+
 class StepCosts:
     """cost(K) at a batch size: the probed table (see step_costs), corrected online by the measured wall time of
     the steps the engine actually takes. A real step does more than the probe (sampling, bookkeeping, a longer

@@ -15,7 +15,8 @@ import time
 import torch
 from tqdm import tqdm
 
-from bebop.engine import SpecStats, generate
+from bebop.autodraft import probe_buckets
+from bebop.engine import DEFAULT_MAX_DRAFT_LEN, SpecStats, generate
 from bebop.models.dtype import cpu_model
 from bebop.sampling import SamplingParams
 
@@ -75,6 +76,8 @@ def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: li
 
     for mode in modes:  # warm-up: first calls pay for allocation and lazy initialisation
         run(mode, 1, 0)
+    if draft_len == "auto" and any(m.startswith("spec") for m in modes):  # and auto's one-off cost probes
+        probe_buckets(model, mtp, max(batch_sizes), DEFAULT_MAX_DRAFT_LEN)
     acc = {(bs, m): {"time": 0.0, "tokens": 0, "stats": SpecStats()} for bs in batch_sizes for m in modes}
     with tqdm(total=repeats * len(batch_sizes) * len(modes), desc="bench", unit="run") as bar:
         for rep in range(repeats):

@@ -90,3 +90,10 @@ def test_step_costs_are_corrected_by_measured_steps(monkeypatch):
     costs.record(16, 0, 1.5)
     costs.record(9, 0, 1.5)  # the same bucket as 16
     assert not costs.wants_baseline(16) and costs(16)[0] == pytest.approx(1.5) and costs.wants_baseline(8)
+
+
+def test_probe_buckets_covers_every_bucket_a_draining_batch_passes(monkeypatch):
+    seen = []
+    monkeypatch.setattr(autodraft, "step_costs", lambda target, mtp, batch, max_k: seen.append((batch, max_k)))
+    autodraft.probe_buckets(None, None, 5, 3)
+    assert seen == [(1, 3), (2, 3), (4, 3), (8, 3)]
