@@ -15,6 +15,7 @@ import time
 import torch
 
 from bebop.engine import generate
+from bebop.models.dtype import cpu_model
 from bebop.models.registry import chat_ids, load_model
 from bebop.mtp import default_mtp
 from bebop.sampling import SamplingParams
@@ -36,13 +37,6 @@ def interleave(variants: dict, repeats: int) -> dict:
     return {k: (t / s, s, st) for k, (t, s, st) in acc.items()}
 
 
-def cpu_name() -> str:
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "?"
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("what", choices=("draft-len", "batching"))
@@ -55,12 +49,13 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
     args = ap.parse_args()
-    model, tok = load_model(args.model)
+    model, tok = load_model(args.model, dtype=args.dtype)
     mtp = default_mtp(model)
     params = SamplingParams(args.temperature)
-    print(f"model {args.model}, CPU {cpu_name()}, {torch.get_num_threads()} threads; shared machine: other "
-          f"processes were running")
+    print(f"model {args.model}, dtype {str(model.embed.weight.dtype).removeprefix('torch.')} (--dtype {args.dtype}), "
+          f"CPU {cpu_model()}, {torch.get_num_threads()} threads")
     if args.what == "draft-len":
         lens = [x if x == "auto" else int(x) for x in args.draft_lens.split(",")]
         for b in [int(x) for x in args.batch_sizes.split(",")]:
