@@ -142,7 +142,7 @@ def test_example_script_compares_backends(tmp_path, capsys):
     spec.loader.exec_module(example)
     out = tmp_path / "run.json"
     example.main(["--model", "tiny-llama", "--backends", "trl,spec", "--steps", "1", "--prompts", "1",
-                  "--generations", "2", "--max-new-tokens", "6", "--output-dir", str(tmp_path), "--json", str(out)])
+                  "--generations", "2", "--max-new-tokens", "6", "--draft-len", "3", "--output-dir", str(tmp_path), "--json", str(out)])
     summary = json.loads(out.read_text())["summary"]
     assert summary["trl"]["rollout_time"] > 0 and summary["trl"]["bebop/acceptance_rate"] is None
     assert summary["spec"]["bebop/weight_sync_time"] > 0 and 0 <= summary["spec"]["bebop/acceptance_rate"] <= 1

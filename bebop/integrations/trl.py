@@ -77,14 +77,15 @@ class BebopRollout:
 
     model: a registry name (`smollm2-135m`, `tiny-llama`, ...), a local model directory, or a transformers model
     (its weights are copied; the trainer's model is the weight source at every sync anyway).
-    mode: `spec` (default), `spec-greedy` or `ar`; draft_len: drafts per step; mtp: None (the shipped MTP for the
+    mode: `spec` (default), `spec-greedy` or `ar`; draft_len: drafts per step, or "auto" (chosen every step by
+    cost, bebop.autodraft); mtp: None (the shipped MTP for the
     model if there is one, else a fresh seeded one), a checkpoint path or an MTP module.
-    dtype: None (float32 for a name, the model's own for a transformers model) or a dtype name as
-    bebop.models.registry.load_model takes it.
+    dtype: None ("auto" for a name: bfloat16 where this machine runs it faster; the model's own dtype for a
+    transformers model) or a dtype name as bebop.models.registry.load_model takes it.
     max_batch: at most this many rows decoding at once (continuous batching); None = all of the call's prompts.
     seed: base of the per-sample seeds; None = the trainer's `args.seed`."""
 
-    def __init__(self, model=DEFAULT_MODEL, mode: str = "spec", draft_len: int = 3, dtype: str | None = None,
+    def __init__(self, model=DEFAULT_MODEL, mode: str = "spec", draft_len: int | str = "auto", dtype: str | None = None,
                  mtp: str | MTP | None = None, max_batch: int | None = None, seed: int | None = None,
                  progress: bool = False):
         if mode not in MODES:
@@ -92,7 +93,7 @@ class BebopRollout:
         if max_batch is not None and max_batch < 1:
             raise BebopError(f"max_batch must be >= 1, got {max_batch}")
         if isinstance(model, str):
-            self.decoder, _ = load_model(model, dtype=dtype or "float32")  # load_model checks the dtype
+            self.decoder, _ = load_model(model, dtype=dtype or "auto")  # load_model checks the dtype
         else:
             try:
                 self.decoder = Decoder.from_hf(model)
