@@ -18,12 +18,12 @@ tokens per row in expectation (NOTES.md section 2), alpha_i being the acceptance
 
 import json
 import os
-import platform
 import time
 
 import torch
 
 from bebop.models import registry
+from bebop.models.dtype import cpu_model
 from bebop.sampling import SamplingParams, probabilities
 
 COST_FILE = "draft-costs-v2.json"  # v2: minimum over interleaved repetitions
@@ -33,14 +33,7 @@ def machine() -> str:
     """What the cost table depends on besides the model: the accelerator or the CPU model, and threads."""
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name()}"
-    name = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    name = cpu_model()
     return f"{name} x{torch.get_num_threads()} threads"
 
 

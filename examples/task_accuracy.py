@@ -11,23 +11,13 @@ Prints one JSON line per level: correct, n, accuracy and its 95% Wilson interval
 
 import argparse
 import json
-import math
 import time
 
 from bebop.engine import generate
 from bebop.models.registry import chat_ids, load_model
+from bebop.rl.pipeline import wilson
 from bebop.sampling import SamplingParams
 from bebop.tasks import TASKS, rewards, rl_tasks
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% interval of a binomial proportion; unlike p +- 1.96 sd it stays inside [0, 1] at small k."""
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def main():
