@@ -188,7 +188,7 @@ def load(args, need_mtp=True):
 def cmd_generate(args):
     from bebop.engine import generate
     from bebop.models.registry import chat_ids
-    from bebop.tasks import load_prompts_file
+    from bebop.tasks import load_prompts_file, parse_mix
 
     params = sampling_params(args)
     if (args.prompt is None) == (args.prompts is None):
@@ -262,7 +262,7 @@ def cmd_bench(args):
 def cmd_make_data(args):
     from bebop.data import make_data
 
-    from bebop.tasks import load_prompts_file
+    from bebop.tasks import load_prompts_file, parse_mix
 
     params = sampling_params(args)
     at_least(args, 1, "num_samples", "heldout_samples", "batch_size")
@@ -273,10 +273,13 @@ def cmd_make_data(args):
             raise BebopError(f"--prompts must be 'builtin' or a JSONL file; '{args.prompts}' is neither")
         if len(load_prompts_file(args.prompts)) < 2:
             raise BebopError(f"{args.prompts}: needs at least 2 prompts to hold one out")
+    mix = parse_mix(args.mix) if args.mix else None
+    if mix and args.prompts != "builtin":
+        raise BebopError("--mix weights the built-in task kinds; it cannot be used with a --prompts file")
     model, tok, _ = load(args, need_mtp=False)
     out = make_data(model, tok, args.out, source=args.prompts, num_samples=args.num_samples,
                     heldout_samples=args.heldout_samples, params=params, max_new_tokens=args.max_new_tokens,
-                    batch_size=args.batch_size, seed=args.seed, model_name=args.model)
+                    batch_size=args.batch_size, seed=args.seed, model_name=args.model, mix=mix)
     print(f"wrote {out}/train.jsonl, {out}/heldout.jsonl", file=sys.stderr)
 
 
@@ -502,6 +505,8 @@ def build_parser():
     p = sub.add_parser("make-data", help="self-distillation data: the target's own samples")
     add_model_args(p)
     p.add_argument("--prompts", default="builtin", help="'builtin' (chat, math and code tasks) or a JSONL file")
+    p.add_argument("--mix", default=None, help="shares of the built-in kinds, e.g. math=0.4,code=0.3,chat=0.3 "
+                   "(the default)")
     p.add_argument("--num-samples", type=int, default=512, help="training sequences")
     p.add_argument("--heldout-samples", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=16)

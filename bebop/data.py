@@ -2,7 +2,7 @@
 
 A data directory holds `train.jsonl` and `heldout.jsonl` (one sequence per line: kind, prompt, prompt_ids,
 completion_ids) and `meta.json` (model and generation settings). Prompts come from the built-in tasks
-(bebop.tasks: chat, math and code; held-out prompts never appear in the train split) or from a JSONL file
+(bebop.tasks: chat, math and code mixed by `--mix`; held-out prompts never appear in the train split) or from a JSONL file
 (then the last tenth of its prompts is held out). Generation appends batch by batch, so an interrupted run
 resumes where it stopped (a line torn by the interruption is dropped and redone). A rerun into an existing
 directory must use the same settings and at least as many samples as it holds: data is never silently dropped.
@@ -23,10 +23,15 @@ from bebop.tasks import load_prompts_file, mixed_tasks
 SPLITS = ("train", "heldout")
 
 
-def prompt_split(source: str, n: int, split: str, seed: int) -> list[tuple[str, str]]:
-    """(kind, prompt) pairs: `n` for the split, from 'builtin' tasks or a prompts file."""
+# the default mixture of built-in kinds: mostly the math and code that RL trains on, plus chat for general text
+DEFAULT_MIX = {"math": 0.4, "code": 0.3, "chat": 0.3}
+
+
+def prompt_split(source: str, n: int, split: str, seed: int, mix=None) -> list[tuple[str, str]]:
+    """(kind, prompt) pairs: `n` for the split, from 'builtin' tasks (in the proportions of `mix`) or a
+    prompts file."""
     if source == "builtin":
-        return [(t.kind, t.prompt) for t in mixed_tasks(n, seed=seed, split=split)]
+        return [(t.kind, t.prompt) for t in mixed_tasks(n, seed=seed, split=split, mix=mix or DEFAULT_MIX)]
     prompts = load_prompts_file(source)
     if len(prompts) < 2:
         raise BebopError(f"{source}: needs at least 2 prompts to hold one out")
@@ -36,10 +41,11 @@ def prompt_split(source: str, n: int, split: str, seed: int) -> list[tuple[str, 
 
 
 def make_data(model, tokenizer, out_dir, source="builtin", num_samples=512, heldout_samples=64,
-              params=SamplingParams(1.0), max_new_tokens=128, batch_size=16, seed=0, model_name=None):
+              params=SamplingParams(1.0), max_new_tokens=128, batch_size=16, seed=0, model_name=None, mix=None):
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"model": model_name, "source": source, "temperature": params.temperature, "top_p": params.top_p,
+    mix = (mix or DEFAULT_MIX) if source == "builtin" else None
+    meta = {"model": model_name, "source": source, "mix": mix, "dtype": str(model.embed.weight.dtype).removeprefix("torch."), "temperature": params.temperature, "top_p": params.top_p,
             "top_k": params.top_k, "max_new_tokens": max_new_tokens, "seed": seed,
             "num_samples": {"train": num_samples, "heldout": heldout_samples}}
     meta_path = out / "meta.json"
@@ -54,7 +60,7 @@ def make_data(model, tokenizer, out_dir, source="builtin", num_samples=512, held
             raise BebopError(f"{out} already holds {done[split]} {split} sequences, more than the {splits[split]} "
                              f"asked for; ask for at least {done[split]} or use a new --out")
     # the prompts of every split, tokenized and checked against the context before any generation
-    todo = {split: prompt_split(source, n, split, seed)[done[split]:] for split, n in splits.items()}
+    todo = {split: prompt_split(source, n, split, seed, mix)[done[split]:] for split, n in splits.items()}
     ids = {split: [chat_ids(tokenizer, p) for _, p in todo[split]] for split in SPLITS}
     longest = max((len(i) for split in SPLITS for i in ids[split]), default=0)
     if longest + max_new_tokens > model.max_len:

@@ -20,7 +20,7 @@ are deliberately simple: the target models are small (SmolLM2-135M).
 
 # each kind registers itself on import; this order (chat, math, code) is KINDS' order
 from bebop.tasks.base import (HELDOUT_PER_MILLE, REWARDS, SPLITS, STREAMS, TASKS, Task, TaskSource, default_prompts,
-                               mixed_tasks, register_kind, register_reward, register_task, rewards, rl_tasks, split_of)
+                               mixed_tasks, parse_mix, register_kind, register_reward, register_task, rewards, rl_tasks, split_of)
 from bebop.tasks.chat import chat_tasks
 from bebop.tasks.arithmetic import ANSWER_MARKER, ARITHMETIC_LEVELS, MATH_INSTRUCTION, check_math_answer, math_tasks
 from bebop.tasks.code import CODE_INSTRUCTION, CODE_LEVELS, code_rewards, code_tasks, extract_code

@@ -131,19 +131,50 @@ def _only_split(stream, split):
 
 
 def mixed_tasks(n: int, seed: int, split: str = "train", mix=("chat", "math", "code")) -> list[Task]:
+    """n tasks of the kinds in `mix`: a sequence of kinds (equal shares) or {kind: weight}. Any prefix follows
+    the weights as closely as whole tasks allow, and mixed_tasks(n) is a prefix of mixed_tasks(n + 1)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}, expected one of {SPLITS}")
-    mix = tuple(mix)
-    if not mix:
+    weights = dict(mix) if isinstance(mix, dict) else {k: 1.0 for k in mix}
+    if not weights:
         raise ValueError("mix must name at least one kind")
-    for kind in mix:
+    for kind, w in weights.items():
         if kind not in STREAMS:
             raise ValueError(f"unknown task kind {kind!r}, expected one of {tuple(STREAMS)}")
+        if not w > 0:
+            raise ValueError(f"the weight of {kind!r} must be > 0, got {w}")
+    total = sum(weights.values())
+    share = {k: w / total for k, w in weights.items()}
     # one independent stream per kind (seeded by kind too), so adding a kind to
     # the mix doesn't change the tasks drawn for the others
-    streams = {k: _only_split(STREAMS[k](random.Random(f"{seed}/{k}")), split) for k in dict.fromkeys(mix)}
-    # round-robin: any prefix is balanced, and mixed_tasks(n) is a prefix of mixed_tasks(n + 1)
-    return [next(streams[mix[i % len(mix)]]) for i in range(n)]
+    streams = {k: _only_split(STREAMS[k](random.Random(f"{seed}/{k}")), split) for k in weights}
+    # deficit round-robin: task i goes to the kind furthest below its share of i + 1 tasks (ties: mix order);
+    # with equal weights this is plain round-robin
+    counts, out = dict.fromkeys(weights, 0), []
+    for i in range(n):
+        kind = max(weights, key=lambda k: share[k] * (i + 1) - counts[k])
+        counts[kind] += 1
+        out.append(next(streams[kind]))
+    return out
+
+
+def parse_mix(text: str) -> dict[str, float]:
+    """'math=0.4,code=0.3,chat=0.3' -> {kind: weight}; a clear BebopError for anything else."""
+    weights = {}
+    for part in text.split(","):
+        kind, eq, w = part.strip().partition("=")
+        try:
+            value = float(w)
+        except ValueError:
+            value = None
+        if not eq or value is None or not value > 0 or value == float("inf"):
+            raise BebopError(f"--mix: '{part.strip()}' is not KIND=WEIGHT with a weight > 0 (e.g. math=0.4,code=0.3,chat=0.3)")
+        if kind not in STREAMS:
+            raise BebopError(f"--mix: unknown task kind '{kind}' (choose from {', '.join(STREAMS)})")
+        if kind in weights:
+            raise BebopError(f"--mix: '{kind}' given twice")
+        weights[kind] = value
+    return weights
 
 
 def default_prompts(n: int) -> list[str]:
