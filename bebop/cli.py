@@ -289,7 +289,8 @@ def train_config(args):
 
     if args.loss not in LOSSES:
         raise BebopError(f"unknown loss '{args.loss}' (choose from {', '.join(LOSSES)})")
-    at_least(args, 1, "steps", "batch_size", "draft_len", "max_seq_len", "eval_every", "save_every")
+    at_least(args, 1, "steps", "batch_size", "draft_len", "max_seq_len", "eval_every", "save_every",
+             "eval_sequences", "mtp_layers")
     at_least(args, 0, "draft_vocab", "eval_prompts")
     if args.draft_len > MAX_DRAFT_LEN:
         raise BebopError(f"--draft-len must be in 1..{MAX_DRAFT_LEN}, got {args.draft_len}")
@@ -304,7 +305,9 @@ def train_config(args):
     return TrainConfig(loss=args.loss, draft_len=args.draft_len, steps=args.steps, batch_size=args.batch_size,
                        lr=args.lr, draft_vocab=args.draft_vocab, eval_every=args.eval_every,
                        save_every=args.save_every, eval_prompts=args.eval_prompts, seed=args.seed,
-                       max_seq_len=args.max_seq_len)
+                       max_seq_len=args.max_seq_len, eval_sequences=args.eval_sequences, mtp_layers=args.mtp_layers,
+                       feature_layers=parse_layers(args.feature_layers),
+                       features_dtype=args.features_dtype, autocast=args.autocast)
 
 
 def cmd_train_mtp(args):
@@ -471,6 +474,31 @@ def add_train_args(p):
     p.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for real speculative acceptance")
     p.add_argument("--save-every", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-sequences", type=int, default=64, help="held-out sequences for teacher-forced acceptance")
+    p.add_argument("--mtp-layers", type=int, default=1, help="decoder blocks of a fresh MTP (DeepSeek-V3: 1)")
+    p.add_argument("--feature-layers", default="", help="target layers a fresh MTP reads, concatenated and "
+                   "projected (EAGLE-3), e.g. 2,15,29; default: the last hidden state alone")
+    p.add_argument("--features-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="the target forward that computes the training features (auto: the faster here)")
+    p.add_argument("--autocast", default="auto", choices=("auto", "bf16", "off"),
+                   help="bf16 autocast of training steps over fp32 weights (auto: if a probe finds it faster)")
+
+
+def parse_layers(text: str) -> tuple[int, ...]:
+    """'2,15,-1' -> (2, 15, -1): layer indices of the target (negative: from the last), in the order given;
+    train-mtp checks them against the model."""
+    if not text.strip():
+        return ()
+    layers = []
+    for part in text.split(","):
+        try:
+            i = int(part)
+        except ValueError:
+            raise BebopError(f"--feature-layers: '{part.strip()}' is not a layer index") from None
+        layers.append(i)
+    if len(set(layers)) != len(layers):
+        raise BebopError(f"--feature-layers: a layer is given twice ({text})")
+    return tuple(layers)
 
 
 def build_parser():

@@ -51,8 +51,10 @@ def make_data(model, tokenizer, out_dir, source="builtin", num_samples=512, held
     meta_path = out / "meta.json"
     if meta_path.exists():
         old = load_meta(out)
-        if {k: v for k, v in old.items() if k != "num_samples"} != {k: v for k, v in meta.items() if k != "num_samples"}:
-            raise BebopError(f"{out} holds data made with other settings ({meta_path}); use a new --out")
+        differ = sorted(k for k in (set(old) | set(meta)) - {"num_samples"} if old.get(k) != meta.get(k))
+        if differ:
+            raise BebopError(f"{out} holds data made with other settings ({', '.join(differ)}: see {meta_path}); "
+                             f"use a new --out")
     splits = {"train": num_samples, "heldout": heldout_samples}
     done = {split: complete_lines(out / f"{split}.jsonl") for split in SPLITS}
     for split in SPLITS:

@@ -112,6 +112,16 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
     return -torch.special.xlogy(probs, probs).sum(-1)
 
 
+def target_forward(target: Decoder, mtp: MTP | None, tokens, cache):
+    """The target's hidden states [B, T, d] and the MTP's depth-1 input for the same positions (the same
+    tensor, or an EAGLE-3 MTP's projection of the target layers it reads)."""
+    if mtp is None or not mtp.feature_layers:
+        hidden = target(tokens, cache)
+        return hidden, hidden
+    hidden, captured = target(tokens, cache, capture=mtp.feature_layers)
+    return hidden, mtp.target_features(hidden, captured)
+
+
 def draft(mtp: MTP, tokens, hidden, count, cache, K, params, greedy, u):
     """Catch up on `count` [B] new positions per row, then draft K tokens recursively.
     Returns draft tokens [B, K] (target vocabulary ids), the distributions to verify them against [B, K, Vd]
@@ -224,7 +234,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
         lens = torch.tensor([len(p) for p in new])
         tokens = right_pad(new)  # a row's padding is never attended to
         tc = target.new_cache(len(new), tokens.shape[1])
-        hidden = target(tokens, tc)
+        hidden, feats = target_forward(target, mtp if spec else None, tokens, tc)
         tc.lengths = lens.clone()
         last = hidden[torch.arange(len(new)), lens - 1]
         p = probabilities(target.logits(last), params)
@@ -232,10 +242,11 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
         if spec:  # the MTP sees every prompt position but the last now; the last comes with the first token
             tmc = mtp.new_cache(len(new), tokens.shape[1])
             if tokens.shape[1] > 1:
-                mtp(tokens[:, 1:], hidden[:, :-1], tmc)
+                mtp(tokens[:, 1:], feats[:, :-1], tmc)
             tmc.lengths = lens - 1
+        last_feats = feats[torch.arange(len(new)), lens - 1]
         for j, key in enumerate(new):
-            prefilled[key] = (tc, tmc, j, last[j], p[j])
+            prefilled[key] = (tc, tmc, j, last_feats[j], p[j])
 
     def admit(row, i):
         """Put request i into `row` and sample its first token; True if that already finishes it."""
@@ -343,7 +354,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
             drafts = verify_q = torch.zeros(n_rows, 0, dtype=torch.long)
             inp = pending.unsqueeze(1)
         # -- 2. verify
-        hidden = target(inp, cache)
+        hidden, feats = target_forward(target, mtp if spec else None, inp, cache)
         p = probabilities(target.logits(hidden), params)
         # -- 3. accept
         step_tokens, num_accepted = rejection_sample_uniform(p, verify_q, drafts, u[:, K:2 * K], u[:, 2 * K],
@@ -351,13 +362,13 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
         # -- 4. commit
         cache.lengths += num_accepted + 1
         if spec and K:
-            catch_tokens, catch_hidden, catch_count = step_tokens.clamp_min(0), hidden, num_accepted + 1
+            catch_tokens, catch_hidden, catch_count = step_tokens.clamp_min(0), feats, num_accepted + 1
         elif spec:  # no draft this step: the one committed position joins the MTP's pile
             if int(catch_count.max()) == catch_tokens.shape[1]:
                 catch_tokens = torch.cat([catch_tokens, torch.zeros_like(catch_tokens[:, :1])], 1)
                 catch_hidden = torch.cat([catch_hidden, torch.zeros_like(catch_hidden[:, :1])], 1)
             catch_tokens[rows, catch_count] = step_tokens[:, 0]
-            catch_hidden[rows, catch_count] = hidden[:, 0]
+            catch_hidden[rows, catch_count] = feats[:, 0]
             catch_count = catch_count + 1
         if acceptance is not None:
             acceptance.update(K, num_accepted)

@@ -1,10 +1,12 @@
 """The MTP draft module, DeepSeek-V3 layout, applied recursively for K depths.
 
-For depth k at position t, with h the previous hidden state (the target's last hidden state for k = 1, the
-MTP's own output for k > 1) and e the embedding of the token at position t + k:
+For depth k at position t, with h the previous hidden state (the target's features for k = 1, the MTP's own
+output for k > 1) and e the embedding of the token at position t + k:
     x  = eh_proj [enorm(e) ; hnorm(h)]          (2d -> d, no bias)
-    h' = Block(x)                               (one decoder layer of the target's shape)
+    h' = Block_L(...Block_1(x))                 (`layers` decoder layers of the target's shape; 1 in DeepSeek-V3)
     q  = softmax(lm_head(final_norm(h')))       (embedding, final norm and LM head: the target's, frozen)
+The target's features are its last hidden state, or, with `feature_layers` (EAGLE-3's input), the outputs of
+those target layers (e.g. a low, a middle and the last) concatenated and projected by `fc` (n*d -> d).
 An optional reduced draft vocabulary (`vocab_ids`) restricts the draft's LM head to the most frequent tokens,
 as EAGLE-3 and FR-Spec do: drafting gets cheaper and rejection sampling stays exact (q is 0 elsewhere).
 
@@ -30,6 +32,8 @@ from bebop.models.decoder import Block, Decoder, KVCache, RMSNorm, step_position
 class MTPConfig:
     dim: int
     draft_vocab_size: int = 0  # 0 = the target's full vocabulary
+    layers: int = 1  # decoder blocks per depth (DeepSeek-V3: 1)
+    feature_layers: list[int] = field(default_factory=list)  # target layers fed in (EAGLE-3); [] = last hidden
     meta: dict = field(default_factory=dict)  # provenance: loss, draft length, data, step, command
 
 
@@ -38,10 +42,19 @@ class MTP(nn.Module):
         super().__init__()
         self.config = config or MTPConfig(dim=target.cfg.dim)
         cfg = target.cfg
+        if self.config.layers < 1:
+            raise BebopError(f"an MTP needs at least 1 layer, got {self.config.layers}")
+        bad = [i for i in self.config.feature_layers if not 0 <= i < cfg.n_layers]
+        if bad or len(set(self.config.feature_layers)) != len(self.config.feature_layers):
+            raise BebopError(f"feature layers must be distinct layer indices of the target in 0..{cfg.n_layers - 1}, "
+                             f"got {self.config.feature_layers}")
+        self.feature_layers = tuple(self.config.feature_layers)
+        if self.feature_layers:
+            self.fc = nn.Linear(len(self.feature_layers) * cfg.dim, cfg.dim, bias=False)
         self.enorm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.hnorm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.eh_proj = nn.Linear(2 * cfg.dim, cfg.dim, bias=False)
-        self.block = Block(cfg)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(self.config.layers))
         # the target's modules, shared and frozen; kept out of this module's parameters and state dict
         object.__setattr__(self, "target", target)
         self.register_buffer("vocab_ids", torch.arange(0), persistent=True)
@@ -70,7 +83,12 @@ class MTP(nn.Module):
     # ----- inference: recursive drafting with a KV cache -----
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         c = self.target.cfg
-        return KVCache(1, batch, c.n_kv_heads, max_len, c.head_dim, self.eh_proj.weight.dtype)
+        return KVCache(len(self.blocks), batch, c.n_kv_heads, max_len, c.head_dim, self.eh_proj.weight.dtype)
+
+    def target_features(self, hidden: torch.Tensor, captured: torch.Tensor | None = None) -> torch.Tensor:
+        """The depth-1 input [.., d] from a target forward: its last hidden state, or the projection of the
+        `feature_layers` outputs it captured (Decoder.forward(..., capture=mtp.feature_layers))."""
+        return self.fc(captured) if self.feature_layers else hidden
 
     def fuse(self, tokens, hidden):
         return self.eh_proj(torch.cat([self.enorm(self.target.embed(tokens)), self.hnorm(hidden)], dim=-1))
@@ -78,11 +96,14 @@ class MTP(nn.Module):
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One MTP step over T new positions per row: tokens [B, T] are the tokens one ahead of the positions
-        whose previous hidden states are `hidden` [B, T, d]. Returns MTP hidden states [B, T, d]; like the
-        target, the cache's lengths are left for the caller to commit."""
+        whose previous hidden states are `hidden` [B, T, d] (target_features, or the MTP's own output).
+        Returns MTP hidden states [B, T, d]; like the target, the cache's lengths are left for the caller."""
         positions, mask = step_positions(cache, tokens.shape[1])
         cos, sin = self.target.rope(positions)
-        return self.block(self.fuse(tokens, hidden), cos, sin, cache.k[0], cache.v[0], positions, mask)
+        x = self.fuse(tokens, hidden)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, cache.k[i], cache.v[i], positions, mask)
+        return x
 
     # ----- training: K depths unrolled on the MTP's own hidden states, as at inference -----
     def unroll(self, tokens: torch.Tensor, hidden: torch.Tensor, depth: int) -> list[torch.Tensor]:
@@ -96,37 +117,39 @@ class MTP(nn.Module):
         depth-k query attends causally to the depth-1 keys and, on the diagonal, to the same anchor's keys of
         depths 2..k (the "training-time test" of EAGLE-3)."""
         B, S, _ = hidden.shape
-        blk, cfg = self.block, self.target.cfg
+        cfg = self.target.cfg
         scale = cfg.head_dim ** -0.5
         group = cfg.n_heads // cfg.n_kv_heads
-        outs, chain_k, chain_v = [], [], []
-        h = hidden
+        outs, h = [], hidden
+        first = [None] * len(self.blocks)  # per block: depth-1 keys and values
+        chains = [([], []) for _ in self.blocks]  # per block: keys and values of depths 2..k
         for k in range(1, depth + 1):
             n = S - k  # anchors t = 0..S-k-1 still have the input token t + k
             if n <= 0:
                 break
-            pos = torch.arange(k - 1, k - 1 + n).expand(B, n)
+            pos = torch.arange(k - 1, k - 1 + n, device=hidden.device).expand(B, n)
             cos, sin = self.target.rope(pos)
             x = self.fuse(tokens[:, k:k + n], h[:, :n])
-            q, kk, vv = blk.qkv(x, cos, sin)
-            kk, vv = kk.repeat_interleave(group, 1), vv.repeat_interleave(group, 1)
-            if k == 1:
-                k1, v1 = kk, vv  # depth-1 keys, attended causally by every depth
-                scores = q @ k1.transpose(-1, -2) * scale
-                causal = torch.ones(n, n, dtype=torch.bool).tril()
-                scores = scores.masked_fill(~causal, float("-inf"))
-                attn = scores.softmax(-1) @ v1
-            else:
-                chain_k.append(kk)
-                chain_v.append(vv)
-                m = n  # anchors available at this depth
-                base = q @ k1[:, :, :m].transpose(-1, -2) * scale
-                base = base.masked_fill(~torch.ones(m, m, dtype=torch.bool).tril(), float("-inf"))
-                diag = torch.stack([(q * ck[:, :, :m]).sum(-1) * scale for ck in chain_k], dim=-1)
-                weights = torch.cat([base, diag], dim=-1).softmax(-1)
-                attn = weights[..., :m] @ v1[:, :, :m]
-                attn = attn + sum(weights[..., m + j:m + j + 1] * cv[:, :, :m] for j, cv in enumerate(chain_v))
-            h = blk.finish(x, attn)
+            for b, blk in enumerate(self.blocks):
+                q, kk, vv = blk.qkv(x, cos, sin)
+                kk, vv = kk.repeat_interleave(group, 1), vv.repeat_interleave(group, 1)
+                causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+                if k == 1:  # depth-1 keys, attended causally by every depth
+                    first[b] = kk, vv
+                    scores = (q @ kk.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))
+                    attn = scores.softmax(-1) @ vv
+                else:
+                    k1, v1 = first[b]
+                    chain_k, chain_v = chains[b]
+                    chain_k.append(kk)
+                    chain_v.append(vv)
+                    base = (q @ k1[:, :, :n].transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))
+                    diag = torch.stack([(q * ck[:, :, :n]).sum(-1) * scale for ck in chain_k], dim=-1)
+                    weights = torch.cat([base, diag], dim=-1).softmax(-1)
+                    attn = weights[..., :n] @ v1[:, :, :n]
+                    attn = attn + sum(weights[..., n + j:n + j + 1] * cv[:, :, :n] for j, cv in enumerate(chain_v))
+                x = blk.finish(x, attn)
+            h = x
             outs.append(h)
         return outs
 
@@ -155,13 +178,16 @@ def target_signature(target: Decoder) -> dict:
             "n_heads": c.n_heads, "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim, "hidden_dim": c.hidden_dim}
 
 
-def new_mtp(target: Decoder, seed: int = 0) -> MTP:
-    """A fresh MTP: seeded random projection; its block starts as a copy of the target's last layer, the
-    usual warm start (random blocks train much slower), which also makes the 'random' MTP a sane draft."""
+def new_mtp(target: Decoder, seed: int = 0, layers: int = 1, feature_layers=()) -> MTP:
+    """A fresh MTP: seeded random projections; its blocks start as copies of the target's last `layers` layers,
+    the usual warm start (random blocks train much slower), which also makes the 'random' MTP a sane draft."""
     torch.manual_seed(seed)
-    mtp = MTP(target)
+    mtp = MTP(target, MTPConfig(dim=target.cfg.dim, layers=layers, feature_layers=list(feature_layers)))
     nn.init.normal_(mtp.eh_proj.weight, std=0.02)
-    mtp.block.load_state_dict(target.layers[-1].state_dict())
+    if mtp.feature_layers:
+        nn.init.normal_(mtp.fc.weight, std=0.02)
+    for block, layer in zip(mtp.blocks, target.layers[-layers:]):
+        block.load_state_dict(layer.state_dict())
     return mtp.to(target.embed.weight.dtype).eval()
 
 
@@ -198,8 +224,15 @@ def load_mtp(path: str | Path, target: Decoder) -> MTP:
 
 def mtp_from_state(target: Decoder, state: dict, raw: dict, where: str) -> MTP:
     """An MTP for `target` from a state dict and its config (as MTP.save writes it), checking that it fits."""
-    config = MTPConfig(dim=raw.get("dim", 0), draft_vocab_size=raw.get("draft_vocab_size", 0), meta=raw.get("meta", {}))
-    mtp = MTP(target, config)
+    config = MTPConfig(dim=raw.get("dim", 0), draft_vocab_size=raw.get("draft_vocab_size", 0),
+                       layers=raw.get("layers", 1), feature_layers=list(raw.get("feature_layers", [])),
+                       meta=raw.get("meta", {}))
+    try:
+        mtp = MTP(target, config)
+    except BebopError as e:
+        raise BebopError(f"MTP checkpoint '{where}' does not fit model '{getattr(target, 'name', '?')}': {e}") from None
+    # checkpoints from before multi-block MTPs name their one block "block."
+    state = {("blocks.0." + k[len("block."):] if k.startswith("block.") else k): v for k, v in state.items()}
     expected = {k: v.shape for k, v in mtp.state_dict().items() if k != "vocab_ids"}
     got = {k: v.shape for k, v in state.items() if k != "vocab_ids"}
     if expected != got:

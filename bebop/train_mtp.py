@@ -1,7 +1,7 @@
 """`bebop train-mtp`: train the MTP draft before RL on the target's own samples.
 
-Read top to bottom: data -> target features (one target forward per sequence, cached: the target is frozen,
-so its hidden states never change) -> the MTP unrolled K depths on its own hidden states, exactly as at
+Read top to bottom: data -> target features (one target forward per sequence, stored on disk in bf16 by
+bebop.features: the target is frozen, so its hidden states never change) -> the MTP unrolled K depths on its own hidden states, exactly as at
 inference (bebop.mtp.MTP.unroll) -> a loss from bebop.losses -> AdamW with warm-up and cosine decay, gradient
 clipping -> periodic held-out evaluation (teacher-forced acceptance, and real speculative acceptance from the
 engine) -> checkpoints that resume (bebop.checkpoint: one commit point each; a resume refuses other data or
@@ -13,6 +13,8 @@ With a reduced draft vocabulary (--draft-vocab N, the N most frequent tokens of 
 outside it, which is exactly the q rejection sampling will see at inference.
 """
 
+import contextlib
+import copy
 import json
 import math
 import random
@@ -29,6 +31,7 @@ from bebop.checkpoint import load_checkpoint, save_checkpoint
 from bebop.data import data_identity, load_meta, load_split
 from bebop.engine import generate
 from bebop.errors import BebopError
+from bebop.features import TargetFeatures, fastest_dtype
 from bebop.mtp import MTP, load_mtp, mtp_from_state, new_mtp, target_signature
 from bebop.sampling import SamplingParams
 
@@ -55,6 +58,13 @@ class TrainConfig:
     eval_new_tokens: int = 48
     save_every: int = 100
     seed: int = 0
+    mtp_layers: int = 1  # decoder blocks of a fresh MTP (DeepSeek-V3: 1)
+    feature_layers: tuple[int, ...] = ()  # target layers a fresh MTP reads (EAGLE-3); () = the last hidden state
+    # machine-dependent speed-ups, off in the library so that a run's numbers never depend on a timing (the CLI's
+    # default is auto): the features' forward in float32, bfloat16 or auto (the faster of the two here), and bf16
+    # autocast of the training steps over fp32 weights: off, bf16 or auto (if a probe finds it faster)
+    features_dtype: str = "float32"
+    autocast: str = "off"
 
 
 def loss_at(name: str, step: int, steps: int) -> str:
@@ -71,65 +81,9 @@ def frequent_tokens(rows: list[dict], n: int, always=()) -> torch.Tensor:
     return torch.tensor(sorted(ids)[: max(n, len(always))], dtype=torch.long)
 
 
-class TargetFeatures:
-    """The frozen target's last hidden states and log-normaliser (at temperature T) for every sequence: one
-    target forward per sequence, computed up front and cached on disk (`cache_path`), so that every epoch,
-    every loss of a comparison and every resumed run reuses them."""
-
-    def __init__(self, target, rows, temperature, max_seq_len, cache_path=None, progress=False):
-        self.target, self.T = target, temperature
-        self.seqs = [torch.tensor((r["prompt_ids"] + r["completion_ids"])[:max_seq_len]) for r in rows]
-        self.prompt_lens = [len(r["prompt_ids"]) for r in rows]
-        key = {"n": len(self.seqs), "tokens": sum(map(len, self.seqs)), "T": temperature, "L": max_seq_len,
-               "model": getattr(target, "name", None), "dim": target.cfg.dim}
-        if cache_path is not None and Path(cache_path).exists():
-            saved = torch.load(cache_path, weights_only=False)
-            if saved["key"] == key:
-                self.hidden, self.lse = saved["hidden"], saved["lse"]
-                return
-        self.hidden, self.lse = self.compute(progress)
-        if cache_path is not None:
-            tmp = Path(str(cache_path) + ".tmp")
-            torch.save({"key": key, "hidden": self.hidden, "lse": self.lse}, tmp)
-            tmp.replace(cache_path)
-
-    @torch.no_grad()
-    def compute(self, progress, chunk=8):
-        hidden, lse = [], []
-        order = sorted(range(len(self.seqs)), key=lambda i: len(self.seqs[i]))  # similar lengths: less padding
-        out = {}
-        for start in tqdm(range(0, len(order), chunk), desc="target features", disable=not progress):
-            part = order[start:start + chunk]
-            tokens, lens = pad([self.seqs[i] for i in part])
-            h = self.target.forward_full(tokens)
-            l = (self.target.logits(h) / self.T).logsumexp(-1)
-            for j, i in enumerate(part):
-                out[i] = (h[j, :lens[j]].clone(), l[j, :lens[j]].clone())
-        for i in range(len(self.seqs)):
-            hidden.append(out[i][0])
-            lse.append(out[i][1])
-        return hidden, lse
-
-    def get(self, idx: list[int]):
-        """A right-padded batch: tokens, lengths, prompt lengths, hidden [B, S, d], lse [B, S]."""
-        tokens, lens = pad([self.seqs[i] for i in idx])
-        hidden = torch.zeros(len(idx), tokens.shape[1], self.target.cfg.dim)
-        lse = torch.zeros(len(idx), tokens.shape[1])
-        for j, i in enumerate(idx):
-            hidden[j, :lens[j]], lse[j, :lens[j]] = self.hidden[i], self.lse[i]
-        return tokens, lens, torch.tensor([self.prompt_lens[i] for i in idx]), hidden, lse
-
-
-def pad(seqs):
-    lens = torch.tensor([len(s) for s in seqs])
-    out = torch.zeros(len(seqs), int(lens.max()), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        out[i, :len(s)] = s
-    return out, lens
-
-
-def depth_tensors(mtp: MTP, tokens, lens, prompt_lens, hidden, lse, K, T):
-    """Unroll the MTP and line up, per anchor t and depth k: q_k (probabilities and logits over the draft
+def depth_tensors(mtp: MTP, tokens, lens, prompt_lens, hidden, lse, captured, K, T):
+    """Unroll the MTP on the target's features (`hidden`, its last hidden state, or the `captured` layers of an
+    EAGLE-3 MTP) and line up, per anchor t and depth k: q_k (probabilities and logits over the draft
     vocabulary), the teacher p at position t + k over the same vocabulary, the label token t + k + 1 (as a
     draft-vocabulary index, -1 if outside), and the validity mask. Shapes [N, K, V'] / [N, K]."""
     B, S = tokens.shape
@@ -138,8 +92,8 @@ def depth_tensors(mtp: MTP, tokens, lens, prompt_lens, hidden, lse, K, T):
     head = mtp.head_weight
     with torch.no_grad():  # teacher: exp(logits / T - logsumexp over the FULL vocabulary) on the draft vocabulary
         p_pos = (torch.nn.functional.linear(target.norm(hidden), head) / T - lse.unsqueeze(-1)).exp()
-    outs = mtp.unroll(tokens, hidden, K)
-    t = torch.arange(A)
+    outs = mtp.unroll(tokens, mtp.target_features(hidden, captured), K)
+    t = torch.arange(A, device=tokens.device)
     q_logits, p, labels, mask = [], [], [], []
     for k in range(1, K + 1):
         h = outs[k - 1] if k - 1 < len(outs) else hidden.new_zeros(B, 0, hidden.shape[-1])
@@ -153,8 +107,8 @@ def depth_tensors(mtp: MTP, tokens, lens, prompt_lens, hidden, lse, K, T):
     q_logits, p = torch.stack(q_logits, 2), torch.stack(p, 2)
     labels, mask = torch.stack(labels, 2), torch.stack(mask, 2)
     if len(mtp.vocab_ids):  # full token id -> draft index, -1 outside the draft vocabulary
-        to_draft = torch.full((target.cfg.vocab_size,), -1, dtype=torch.long)
-        to_draft[mtp.vocab_ids] = torch.arange(len(mtp.vocab_ids))
+        to_draft = torch.full((target.cfg.vocab_size,), -1, dtype=torch.long, device=tokens.device)
+        to_draft[mtp.vocab_ids] = torch.arange(len(mtp.vocab_ids), device=tokens.device)
         labels = to_draft[labels]
     keep = mask[..., 0]  # anchors whose first depth is trainable
     return q_logits[keep], p[keep], labels[keep], mask[keep]
@@ -170,18 +124,28 @@ def loss_value(name, q_logits, p, labels, mask):
 
 @torch.no_grad()
 def teacher_forced_eval(mtp, feats: TargetFeatures, K, T, batch_size=8) -> dict:
-    """Held-out acceptance if every earlier draft was accepted: mean alpha per depth and E[A] (cheap, exact)."""
-    alpha_sum, count, ea_sum, n_pos = torch.zeros(K), torch.zeros(K), 0.0, 0
+    """Held-out acceptance if every earlier draft was accepted: mean alpha per depth and E[A] (cheap, exact),
+    over all sequences and per task kind."""
+    sums = {}  # kind -> [alpha sum per depth, count per depth, E[A] sum, anchors]
     for start in range(0, len(feats.seqs), batch_size):
-        batch = feats.get(list(range(start, min(start + batch_size, len(feats.seqs)))))
-        q_logits, p, _, mask = depth_tensors(mtp, *batch, K, T)
-        alpha = losses.acceptance(p, q_logits.softmax(-1))
-        alpha_sum += torch.where(mask, alpha, 0).sum(0)
-        count += mask.sum(0)
-        ea_sum += float(losses.expected_accepted_length(alpha, mask).sum())
-        n_pos += len(alpha)
-    alpha = (alpha_sum / count.clamp_min(1)).tolist()
-    return {"heldout_alpha": alpha, "heldout_expected_accepted": ea_sum / max(n_pos, 1)}
+        idx = list(range(start, min(start + batch_size, len(feats.seqs))))
+        tokens, lens, plens, hidden, lse, captured = feats.get(idx)
+        for kind in dict.fromkeys(feats.kinds[i] for i in idx):
+            rows = torch.tensor([feats.kinds[i] == kind for i in idx])
+            q_logits, p, _, mask = depth_tensors(mtp, tokens[rows], lens[rows], plens[rows], hidden[rows], lse[rows],
+                                                 None if captured is None else captured[rows], K, T)
+            alpha = losses.acceptance(p, q_logits.softmax(-1))
+            for key in ("all", kind):
+                acc = sums.setdefault(key, [torch.zeros(K), torch.zeros(K), 0.0, 0])
+                acc[0] += torch.where(mask, alpha, 0).sum(0).cpu()
+                acc[1] += mask.sum(0).cpu()
+                acc[2] += float(losses.expected_accepted_length(alpha, mask).sum())
+                acc[3] += len(alpha)
+    stat = {k: ((a / c.clamp_min(1)).tolist(), ea / max(n, 1)) for k, (a, c, ea, n) in sums.items()}
+    out = {"heldout_alpha": stat["all"][0], "heldout_expected_accepted": stat["all"][1]}
+    out["heldout_alpha_by_kind"] = {k: v[0] for k, v in stat.items() if k != "all"}
+    out["heldout_expected_accepted_by_kind"] = {k: v[1] for k, v in stat.items() if k != "all"}
+    return out
 
 
 def spec_eval(mtp, rows, K, T, n_prompts, max_new_tokens, seed=0) -> dict:
@@ -191,6 +155,30 @@ def spec_eval(mtp, rows, K, T, n_prompts, max_new_tokens, seed=0) -> dict:
     s = g.stats
     return {"spec_acceptance_rate": s.acceptance_rate, "spec_mean_acceptance_length": s.mean_acceptance_length,
             "spec_per_position_acceptance": s.per_position_acceptance}
+
+
+def autocast(target, enabled: bool):
+    device = target.embed.weight.device.type
+    return torch.autocast(device, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
+
+
+def autocast_faster(mtp, feats: TargetFeatures, cfg: TrainConfig, T, repeats=2) -> bool:
+    """Whether a training step (forward and backward, no update) on a real batch runs faster under bf16 autocast
+    on this machine: interleaved timings after a warm-up, bf16 must win by 5%. Gradients are cleared after."""
+    idx = list(range(min(cfg.batch_size, len(feats.seqs))))
+    batch = feats.get(idx)
+    best = {False: float("inf"), True: float("inf")}
+    for rep in range(repeats + 1):
+        for flag in best:
+            t = time.perf_counter()
+            with autocast(mtp.target, flag):
+                q_logits, p, labels, mask = depth_tensors(mtp, *batch, cfg.draft_len, T)
+                loss = loss_value("kl", q_logits.float(), p.float(), labels, mask)
+            loss.backward()
+            if rep:
+                best[flag] = min(best[flag], time.perf_counter() - t)
+    mtp.zero_grad(set_to_none=True)
+    return best[True] < 0.95 * best[False]
 
 
 def paths(out):
@@ -214,6 +202,14 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
         raise BebopError(f"unknown loss '{cfg.loss}' (choose from {', '.join(LOSSES)})")
     if cfg.max_seq_len > target.max_len:
         raise BebopError(f"--max-seq-len {cfg.max_seq_len} exceeds the context of '{target.name}' ({target.max_len})")
+    n_layers = target.cfg.n_layers
+    if any(not -n_layers <= i < n_layers for i in cfg.feature_layers):
+        raise BebopError(f"--feature-layers {list(cfg.feature_layers)}: '{target.name}' has layers 0..{n_layers - 1}")
+    if len({i % n_layers for i in cfg.feature_layers}) != len(cfg.feature_layers):
+        raise BebopError(f"--feature-layers {list(cfg.feature_layers)}: a layer is given twice")
+    feature_layers = tuple(i % n_layers for i in cfg.feature_layers)
+    if cfg.mtp_layers > n_layers:
+        raise BebopError(f"--mtp-layers {cfg.mtp_layers}: '{target.name}' has only {n_layers} layers to start from")
     meta = load_meta(data_dir)
     T = cfg.temperature or meta.get("temperature") or 1.0
     train_rows, heldout_rows = load_split(data_dir, "train"), load_split(data_dir, "heldout")
@@ -225,6 +221,7 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
     # what a resume must match: a checkpoint only continues the very run that wrote it
     identity = {"config": asdict(cfg), "data": data_identity(data_dir), "init": init,
                 "target": target_signature(target)}
+    identity = json.loads(json.dumps(identity))  # as the checkpoint stores it (tuples become lists)
 
     ckpt = load_checkpoint(ckpt_dir)
     if resume and ckpt is None:
@@ -246,7 +243,10 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
         mtp = mtp_from_state(target, ckpt.tensors, ckpt.meta["mtp_config"], str(ckpt.path))
         state, start_step = ckpt.state, ckpt.step
     else:
-        mtp = load_mtp(init, target) if init else new_mtp(target, seed=cfg.seed)
+        mtp = load_mtp(init, target) if init else new_mtp(target, cfg.seed, cfg.mtp_layers, feature_layers)
+        if init and (mtp.config.layers, tuple(mtp.feature_layers)) != (cfg.mtp_layers, feature_layers):
+            raise BebopError(f"--init {init} has {mtp.config.layers} layer(s) and feature layers "
+                             f"{list(mtp.feature_layers) or 'none'}; pass the same --mtp-layers and --feature-layers")
         if cfg.draft_vocab:
             mtp.set_draft_vocab(frequent_tokens(train_rows, cfg.draft_vocab, always=getattr(target, "eos_ids", [])))
         state, start_step = None, 0
@@ -275,12 +275,22 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
             tmp.write_text("".join(r + "\n" for r in rows))
             tmp.replace(metrics_path)
 
+    compute_model = None  # the features' forward: a bf16 copy of the target where that is faster
+    if cfg.features_dtype == "bfloat16" or (cfg.features_dtype == "auto" and fastest_dtype(target) == torch.bfloat16):
+        compute_model = copy.deepcopy(target).to(torch.bfloat16)
+
     def features(rows, split):
-        name = f"features-{split}-{getattr(target, 'name', 'model')}-T{T:g}-L{cfg.max_seq_len}.pt".replace("/", "_")
-        return TargetFeatures(target, rows, T, cfg.max_seq_len, Path(data_dir) / name, progress=progress)
+        name = f"features-{split}-{getattr(target, 'name', 'model')}-T{T:g}-L{cfg.max_seq_len}".replace("/", "_")
+        return TargetFeatures(target, rows, T, cfg.max_seq_len, mtp.feature_layers, Path(data_dir) / name,
+                              progress=progress, compute_model=compute_model)
 
     train_feats = features(train_rows, "train")
     eval_feats = features(heldout_rows[:cfg.eval_sequences], f"heldout{cfg.eval_sequences}")
+    del compute_model
+    if state is not None and "use_bf16" in state:  # a resumed run keeps its numerics
+        use_bf16 = state["use_bf16"]
+    else:
+        use_bf16 = cfg.autocast == "bf16" or (cfg.autocast == "auto" and autocast_faster(mtp, train_feats, cfg, T))
     provenance = {"loss": cfg.loss, "draft_len": cfg.draft_len, "data": str(data_dir), "temperature": T,
                   "train_sequences": len(train_rows), "config": asdict(cfg), "command": command,
                   "init": init, "name": Path(out).name}
@@ -295,7 +305,7 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
 
     def checkpoint(step):
         tensors = mtp.state_dict()
-        state = {"optimizer": opt.state_dict(), "rng": rng.getstate(), "order": order}
+        state = {"optimizer": opt.state_dict(), "rng": rng.getstate(), "order": order, "use_bf16": use_bf16}
         mtp_config = asdict(mtp.config) | {"meta": {**mtp.config.meta, **provenance, "step": step}}
         save_checkpoint(ckpt_dir, step, tensors, state, {"identity": identity, "mtp_config": mtp_config,
                                                          "data_path": str(Path(data_dir).resolve())})
@@ -309,8 +319,9 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
             order += rng.sample(range(len(train_rows)), len(train_rows))
         idx, order = order[:cfg.batch_size], order[cfg.batch_size:]
         name = loss_at(cfg.loss, step, cfg.steps)
-        q_logits, p, labels, mask = depth_tensors(mtp, *train_feats.get(idx), cfg.draft_len, T)
-        loss = loss_value(name, q_logits, p, labels, mask)
+        with autocast(target, use_bf16):
+            q_logits, p, labels, mask = depth_tensors(mtp, *train_feats.get(idx), cfg.draft_len, T)
+            loss = loss_value(name, q_logits.float(), p.float(), labels, mask)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         opt.zero_grad(set_to_none=True)
@@ -318,9 +329,9 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
         with torch.no_grad():
-            alpha = losses.acceptance(p, q_logits.softmax(-1))
+            alpha = losses.acceptance(p.float(), q_logits.float().softmax(-1))
             train_alpha = torch.where(mask, alpha, 0).sum(0) / mask.sum(0).clamp_min(1)
-        row = {"step": step + 1, "loss": loss.item(), "loss_fn": name, "lr": lr_at(step), "grad_norm": float(grad_norm),
+        row = {"step": step + 1, "loss": loss.item(), "loss_fn": name, "bf16": use_bf16, "lr": lr_at(step), "grad_norm": float(grad_norm),
                "train_alpha": train_alpha.tolist(), "seconds": time.time() - t0}
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             row.update(evaluate(step + 1))

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from bebop.cli import main
+from bebop.data import DEFAULT_MIX
 from bebop.models.registry import load_model
 from bebop.mtp import new_mtp
 
@@ -114,8 +115,8 @@ def bad(tmp_path_factory, tiny_llama, tiny_qwen3):
     (d / "no_tokenizer" / "model.safetensors").write_bytes(b"")
     data = d / "data"  # a well-formed make-data directory (hand-written: the sweep never trains)
     data.mkdir()
-    meta = {"model": "tiny-llama", "source": "builtin", "temperature": 1.0, "top_p": 1.0, "top_k": 0,
-            "max_new_tokens": 128, "seed": 0, "num_samples": {"train": 3, "heldout": 1}}
+    meta = {"model": "tiny-llama", "source": "builtin", "mix": DEFAULT_MIX, "dtype": "float32", "temperature": 1.0,
+            "top_p": 1.0, "top_k": 0, "max_new_tokens": 128, "seed": 0, "num_samples": {"train": 3, "heldout": 1}}
     (data / "meta.json").write_text(json.dumps(meta))
     row = json.dumps({"kind": "chat", "prompt": "p", "prompt_ids": [1, 70, 2], "completion_ids": [80, 81, 2]}) + "\n"
     (data / "train.jsonl").write_text(row * 3)
@@ -216,7 +217,19 @@ SWEEP = [  # (arguments, what the one line must say)
     (DATA + ["--prompts", "{d}/missing.jsonl"], "neither"),
     (DATA + ["--prompts", "{d}/one.jsonl"], "at least 2 prompts"),
     (DATA[:-2], "required: --out"),
-    (DATA[:-4] + ["--num-samples", "2", "--heldout-samples", "1", "--out", "{d}/data"], "already holds 3 train"),
+    (DATA[:-4] + ["--num-samples", "2", "--heldout-samples", "1", "--dtype", "float32", "--out", "{d}/data"],
+     "already holds 3 train"),
+    (DATA[:-4] + ["--num-samples", "5", "--heldout-samples", "1", "--dtype", "float32", "--mix", "math=1",
+                  "--out", "{d}/data"], "other settings (mix"),
+    (DATA + ["--mix", "math=0.5,poetry=0.5"], "unknown task kind 'poetry'"),
+    (DATA + ["--mix", "math=-1"], "not KIND=WEIGHT"),
+    (DATA + ["--mix", "math"], "not KIND=WEIGHT"),
+    (DATA + ["--mix", "math=1,math=2"], "given twice"),
+    (TRAIN + ["--feature-layers", "0,x"], "not a layer index"),
+    (TRAIN + ["--feature-layers", "0,99"], "has layers 0.."),
+    (TRAIN + ["--feature-layers", "1,-1"], "given twice"),
+    (TRAIN + ["--mtp-layers", "0"], "--mtp-layers"),
+    (TRAIN + ["--mtp-layers", "99"], "only"),
     (DATA[:-4] + ["--temperature", "0.5", "--out", "{d}/data"], "other settings"),
     (TRAIN + ["--eval-every", "0"], "--eval-every must be >= 1"),
     (TRAIN + ["--save-every", "0"], "--save-every must be >= 1"),

@@ -137,6 +137,18 @@ def test_spec_matches_exact_distribution_and_ar(sharp, mode):
     assert two_sample(pairs(toks), pairs(ref)) > P_OK, f"{mode} tokens (1, 2) vs ar"
 
 
+def test_spec_with_a_two_block_eagle3_mtp_matches_exact_distribution(sharp):
+    """The engine feeds an MTP that reads several target layers (captured in the verify forward) and has two
+    blocks (two KV cache layers): still the target's distribution."""
+    model, _, prompt, exact, ar = sharp
+    mtp = new_mtp(model, seed=2, layers=2, feature_layers=(0, 1))
+    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode="spec", mtp=mtp, draft_len=2, seed=13, eos_ids=[])
+    assert 0.05 < gen.stats.acceptance_rate < 0.95  # both acceptance and rejection happen
+    toks = token_matrix(gen)
+    for j in range(3):
+        assert gof(toks[:, j], exact[j]) > P_OK, f"token {j} vs exact"
+
+
 @pytest.mark.parametrize("mode", ["spec", "spec-greedy"])
 def test_exactness_check_catches_a_wrong_residual(sharp, mode, monkeypatch):
     """An engine that resamples from p (not norm(max(p - q, 0))) after a rejection must fail the check."""

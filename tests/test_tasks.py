@@ -15,6 +15,7 @@ from bebop.tasks import (
     load_prompts_file,
     math_tasks,
     mixed_tasks,
+    parse_mix,
     split_of,
 )
 
@@ -53,6 +54,24 @@ def test_mixed_is_balanced_round_robin():
     assert counts == {"chat": 101, "math": 100, "code": 100}
     only = mixed_tasks(10, seed=0, mix=("math", "code"))
     assert [t.kind for t in only] == ["math", "code"] * 5
+
+
+def test_weighted_mix_follows_its_shares_in_every_prefix():
+    mix = {"math": 0.4, "code": 0.3, "chat": 0.3}
+    tasks = mixed_tasks(1000, seed=0, mix=mix)
+    assert mixed_tasks(333, seed=0, mix=mix) == tasks[:333]
+    for n in (10, 97, 1000):
+        counts = Counter(t.kind for t in tasks[:n])
+        for kind, share in mix.items():
+            assert abs(counts[kind] - share * n) <= 1, (n, kind, counts)
+    # a kind's tasks do not depend on the weights: only how many of them are drawn
+    maths = [t for t in tasks if t.kind == "math"]
+    assert maths[:50] == [t for t in mixed_tasks(150, seed=0) if t.kind == "math"][:50]
+    assert mixed_tasks(9, seed=0, mix={"chat": 1, "math": 1, "code": 1}) == mixed_tasks(9, seed=0)
+    assert parse_mix("math=2, code=1") == {"math": 2.0, "code": 1.0}
+    for bad in ("math", "math=0", "math=x", "math=1,math=1", "poetry=1", "math=inf"):
+        with pytest.raises(BebopError):
+            parse_mix(bad)
 
 
 def test_mixed_rejects_bad_arguments():

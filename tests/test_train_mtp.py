@@ -15,7 +15,8 @@ from bebop.data import make_data
 from bebop.models.registry import load_model
 from bebop.mtp import load_mtp, new_mtp
 from bebop.sampling import SamplingParams
-from bebop.train_mtp import TargetFeatures, TrainConfig, teacher_forced_eval, train_mtp
+from bebop.features import TargetFeatures
+from bebop.train_mtp import TrainConfig, teacher_forced_eval, train_mtp
 from bebop.data import load_split
 from bebop.errors import BebopError
 
@@ -57,6 +58,26 @@ def test_training_lowers_loss_and_raises_heldout_acceptance(sharp, data, tmp_pat
     assert rows[-1]["spec_acceptance_rate"] is not None  # the engine's real acceptance was measured
     saved = load_mtp(tmp_path / "m", model)
     assert saved.config.meta["loss"] == "e2e-tv" and saved.config.meta["step"] == 40
+
+
+def test_a_two_block_eagle3_mtp_trains_in_bf16_and_reports_per_kind(sharp, data, tmp_path):
+    """The capacity options train (bf16 features and autocast, as the CLI picks on a CPU that runs bf16 fast),
+    and the checkpoint carries its architecture to `--mtp`."""
+    model, _ = sharp
+    cfg = TrainConfig(loss="kl+e2e-tv", draft_len=2, steps=30, batch_size=8, lr=3e-3, eval_every=30, save_every=30,
+                      eval_prompts=2, eval_new_tokens=8, mtp_layers=2, feature_layers=(0, -1),
+                      features_dtype="bfloat16", autocast="bf16")
+    train_mtp(model, data, tmp_path / "m", cfg, progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "m.metrics.jsonl").read_text().splitlines()]
+    assert all(r["bf16"] for r in rows)
+    first, last = sum(r["loss"] for r in rows[:5]) / 5, sum(r["loss"] for r in rows[-5:]) / 5
+    assert last < first, (first, last)
+    assert set(rows[-1]["heldout_alpha_by_kind"]) == {"chat", "math", "code"}
+    mtp = load_mtp(tmp_path / "m", model)
+    assert (mtp.config.layers, mtp.feature_layers) == (2, (0, 1))
+    with pytest.raises(BebopError, match="--mtp-layers"):  # --init must name the architecture it starts from
+        train_mtp(model, data, tmp_path / "again", replace(cfg, steps=2, mtp_layers=1, feature_layers=()),
+                  init=str(tmp_path / "m"), progress=False)
 
 
 def test_resume_after_a_crash_equals_an_uninterrupted_run(sharp, data, tmp_path, monkeypatch):

@@ -222,32 +222,37 @@ class Decoder(nn.Module):
         return self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: KVCache, capture: tuple[int, ...] = ()):
         """Run T new tokens per row [B, T] after each row's cached prefix. Returns the last layer's hidden
-        states [B, T, dim] before the final norm (what an MTP module consumes); the cache lengths are NOT
-        advanced: the caller commits as many positions per row as it keeps."""
+        states [B, T, dim] before the final norm (what an MTP module consumes); with `capture` (layer indices),
+        also those layers' outputs concatenated [B, T, len(capture) * dim] (an EAGLE-3 draft's input). The
+        cache lengths are NOT advanced: the caller commits as many positions per row as it keeps."""
         positions, bias = step_positions(cache, tokens.shape[1])
         cos, sin = self.rope(positions)
-        x = self.embed(tokens)
+        x, kept = self.embed(tokens), {}
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.k[i], cache.v[i], positions, bias, self.attention)
-        return x
+            if i in capture:
+                kept[i] = x
+        return (x, torch.cat([kept[i] for i in capture], -1)) if capture else x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden)).float()
 
-    def forward_full(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward_full(self, tokens: torch.Tensor, capture: tuple[int, ...] = ()):
         """Hidden states for whole sequences [B, S] without a cache (training: one causal pass, gradients
-        allowed to flow if the caller wants them)."""
+        allowed to flow if the caller wants them); `capture` as in `forward`."""
         B, S = tokens.shape
-        positions = torch.arange(S).expand(B, S)
+        positions = torch.arange(S, device=tokens.device).expand(B, S)
         cos, sin = self.rope(positions)
-        x = self.embed(tokens)
-        for layer in self.layers:
+        x, kept = self.embed(tokens), {}
+        for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(x, cos, sin)
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             x = layer.finish(x, attn)
-        return x
+            if i in capture:
+                kept[i] = x
+        return (x, torch.cat([kept[i] for i in capture], -1)) if capture else x
 
     @classmethod
     def from_hf(cls, hf_model, max_len: int = 4096) -> "Decoder":

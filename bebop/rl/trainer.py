@@ -122,10 +122,13 @@ def mtp_step(mtp, opt, policy, samples: list[Sample], cfg: RLConfig, use_bf16: b
     for part in micro:
         tokens, plen, clen, _ = pack(part, device)
         with torch.no_grad(), autocast(policy, use_bf16):
-            hidden = policy.forward_full(tokens).float()
+            out = policy.forward_full(tokens, capture=mtp.feature_layers)
+            hidden, captured = out if mtp.feature_layers else (out, None)
+            hidden = hidden.float()
+            captured = None if captured is None else captured.float()
             lse = (policy.logits(hidden).float() / cfg.temperature).logsumexp(-1)
-        q_logits, p, labels, mask = depth_tensors(mtp, tokens, plen + clen, plen, hidden, lse, cfg.draft_len,
-                                                  cfg.temperature)
+        q_logits, p, labels, mask = depth_tensors(mtp, tokens, plen + clen, plen, hidden, lse, captured,
+                                                  cfg.draft_len, cfg.temperature)
         if len(mask) == 0:
             continue
         loss = loss_value(name, q_logits, p, labels, mask) * len(part) / len(samples)
