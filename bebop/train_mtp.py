@@ -189,6 +189,13 @@ def paths(out):
         out.with_suffix(".metrics.jsonl")
 
 
+def feature_store(data_dir, split: str, target, T: float, max_seq_len: int) -> Path:
+    """Where train-mtp keeps the target's features of a split (bebop.features): inside the data directory, so
+    every run on that data (other losses, capacity options, resumes) shares them."""
+    name = f"features-{split}-{getattr(target, 'name', 'model')}-T{T:g}-L{max_seq_len}".replace("/", "_")
+    return Path(data_dir) / name
+
+
 def has_checkpoint(out) -> bool:
     return load_checkpoint(paths(out)[2]) is not None
 
@@ -280,9 +287,9 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
         compute_model = copy.deepcopy(target).to(torch.bfloat16)
 
     def features(rows, split):
-        name = f"features-{split}-{getattr(target, 'name', 'model')}-T{T:g}-L{cfg.max_seq_len}".replace("/", "_")
-        return TargetFeatures(target, rows, T, cfg.max_seq_len, mtp.feature_layers, Path(data_dir) / name,
-                              progress=progress, compute_model=compute_model)
+        return TargetFeatures(target, rows, T, cfg.max_seq_len, mtp.feature_layers,
+                              feature_store(data_dir, split, target, T, cfg.max_seq_len), progress=progress,
+                              compute_model=compute_model)
 
     train_feats = features(train_rows, "train")
     eval_feats = features(heldout_rows[:cfg.eval_sequences], f"heldout{cfg.eval_sequences}")
