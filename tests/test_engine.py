@@ -457,6 +457,23 @@ def test_samples_of_one_prompt_share_one_prefill(warm, monkeypatch):
     assert len({tuple(t) for t in alone[:5]}) > 1  # the samples differ (their own seeds)
 
 
+@pytest.mark.parametrize("mode", ["ar", "spec"])
+def test_waiting_prompts_are_prefilled_a_batch_at_a_time(warm, mode, monkeypatch):
+    """Rows free up at different steps (EOS), but waiting prompts are prefilled max_batch at a time; each
+    request's tokens stay those of running it alone."""
+    model, mtp, tok = warm
+    prompts = [chat_ids(tok, f"Question {i}: " + "why? " * i) for i in range(10)]
+    kw = dict(params=SamplingParams(), mode=mode, mtp=mtp, draft_len=2, eos_ids=list(range(0, model.cfg.vocab_size, 5)))
+    alone = [generate(model, [p], 12, seed=[i], **kw).rollouts[0].tokens for i, p in enumerate(prompts)]
+    assert len({len(t) for t in alone}) > 2  # rows really finish at different steps
+    prefills, forward = [], model.forward
+    monkeypatch.setattr(model, "forward", lambda tokens, cache: (
+        prefills.append(tokens.shape[0]) if tokens.shape[1] > 3 else None) or forward(tokens, cache))
+    gen = generate(model, prompts, 12, seed=list(range(10)), max_batch=4, **kw)
+    assert [r.tokens for r in gen.rollouts] == alone
+    assert len(prefills) <= 3 and sum(prefills) == 10, prefills  # 4 + 4 + 2, not one forward per admission
+
+
 # ---------------------------------------------------------------------------------------------------------
 # draft length chosen per step ("auto"): exact whatever K each step takes, K = 0 included
 
