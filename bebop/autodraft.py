@@ -64,7 +64,11 @@ def probe_costs(target, mtp, batch: int, max_k: int, context: int = 64, repeats:
                     h = mtp(tokens[:, k:k + 1], h.unsqueeze(1), mcache)[:, 0]
                     mcache.lengths += 1
                 probabilities(mtp.draft_logits(h), params)
-        probabilities(target.logits(target(tokens[:, :K + 1], cache)), params)
+        verified = target(tokens[:, :K + 1], cache, capture=mtp.feature_layers)
+        if mtp.feature_layers:  # an EAGLE-3 MTP's input is projected from the verify forward's layers
+            mtp.target_features(*verified)
+            verified = verified[0]
+        probabilities(target.logits(verified), params)
         if device.type == "cuda":
             torch.cuda.synchronize()
 
@@ -86,7 +90,8 @@ def step_costs(target, mtp, batch: int, max_k: int) -> list[float]:
     b = bucket(batch)
     key = "|".join([str(getattr(target, "name", None) or f"dim{target.cfg.dim}x{target.cfg.n_layers}"),
                     str(target.embed.weight.dtype), str(target.embed.weight.device.type), machine(),
-                    f"draft_vocab={len(mtp.vocab_ids) or target.cfg.vocab_size}", f"batch={b}"])
+                    f"draft_vocab={len(mtp.vocab_ids) or target.cfg.vocab_size}", f"mtp_layers={len(mtp.blocks)}",
+                    f"feature_layers={len(mtp.feature_layers)}", f"batch={b}"])
     path = registry.cache_dir() / COST_FILE
     try:
         table = json.loads(path.read_text())
