@@ -64,7 +64,9 @@ def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: li
     eos_ids = [] if ignore_eos else list(model.eos_ids)
 
     def run(mode, bs, rep):
-        batch = [prompts[i % len(prompts)] for i in range(bs)]
+        # each repetition takes the next prompts (every mode gets the same ones): at batch 1 a single prompt
+        # would make acceptance a figure about that one prompt
+        batch = [prompts[(rep * bs + i) % len(prompts)] for i in range(bs)]
         start = time.perf_counter()
         if mode == "hf":
             tokens, stats = hf_generate(hf_model, tokenizer, batch, max_new_tokens, params, seed + rep, eos_ids), None

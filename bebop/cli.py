@@ -240,7 +240,7 @@ def cmd_bench(args):
     check_model_args(args)
     if args.json is not None:
         check_output_file(args.json, "--json")
-    texts = load_prompts_file(args.prompts) if args.prompts else default_prompts(max(batch_sizes))
+    texts = load_prompts_file(args.prompts) if args.prompts else default_prompts(max(batch_sizes) * args.repeats)
     model, tok, mtp = load(args, need_mtp=any(m.startswith("spec") for m in modes))
     prompts = [chat_ids(tok, t) for t in texts]
     check_context(model, prompts, args.max_new_tokens)

@@ -45,7 +45,9 @@ def make_data(model, tokenizer, out_dir, source="builtin", num_samples=512, held
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     mix = (mix or DEFAULT_MIX) if source == "builtin" else None
-    meta = {"model": model_name, "source": source, "mix": mix, "dtype": str(model.embed.weight.dtype).removeprefix("torch."), "temperature": params.temperature, "top_p": params.top_p,
+    dtype = str(model.embed.weight.dtype).removeprefix("torch.")  # the samples' numerics: part of what they are
+    meta = {"model": model_name, "source": source, "mix": mix, "dtype": dtype, "temperature": params.temperature,
+            "top_p": params.top_p,
             "top_k": params.top_k, "max_new_tokens": max_new_tokens, "seed": seed,
             "num_samples": {"train": num_samples, "heldout": heldout_samples}}
     meta_path = out / "meta.json"

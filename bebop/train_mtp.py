@@ -1,8 +1,8 @@
 """`bebop train-mtp`: train the MTP draft before RL on the target's own samples.
 
 Read top to bottom: data -> target features (one target forward per sequence, stored on disk in bf16 by
-bebop.features: the target is frozen, so its hidden states never change) -> the MTP unrolled K depths on its own hidden states, exactly as at
-inference (bebop.mtp.MTP.unroll) -> a loss from bebop.losses -> AdamW with warm-up and cosine decay, gradient
+bebop.features: the target is frozen, so its hidden states never change) -> the MTP unrolled K depths on its
+own hidden states, exactly as at inference (bebop.mtp.MTP.unroll) -> a loss from bebop.losses -> AdamW with warm-up and cosine decay, gradient
 clipping -> periodic held-out evaluation (teacher-forced acceptance, and real speculative acceptance from the
 engine) -> checkpoints that resume (bebop.checkpoint: one commit point each; a resume refuses other data or
 settings).
@@ -338,7 +338,8 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
         with torch.no_grad():
             alpha = losses.acceptance(p.float(), q_logits.float().softmax(-1))
             train_alpha = torch.where(mask, alpha, 0).sum(0) / mask.sum(0).clamp_min(1)
-        row = {"step": step + 1, "loss": loss.item(), "loss_fn": name, "bf16": use_bf16, "lr": lr_at(step), "grad_norm": float(grad_norm),
+        row = {"step": step + 1, "loss": loss.item(), "loss_fn": name, "bf16": use_bf16, "lr": lr_at(step),
+               "grad_norm": float(grad_norm),
                "train_alpha": train_alpha.tolist(), "seconds": time.time() - t0}
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             row.update(evaluate(step + 1))
