@@ -1,7 +1,7 @@
 """The frozen target's features for MTP training, computed once and stored compactly on disk.
 
 The target never changes while its MTP trains, so its hidden states for every training sequence are computed
-in one pass (the `compute_model` may be a bf16 copy of the target where this CPU runs that faster) and then read
+in one pass (the `compute_model` may be a bf16 copy of the target, where this CPU runs that faster) and read
 back per batch. A store is a directory:
     meta.json        what was computed (sequences, temperature, model, dtype, layers) and how far it got
     layer{i}.bin     the output of target layer i for every token of every sequence, bf16 [tokens, d]
@@ -13,10 +13,8 @@ finished block, so an interrupted run resumes where it stopped; a store made for
 temperature or model is recomputed from scratch.
 """
 
-import copy
 import hashlib
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -146,28 +144,6 @@ class TargetFeatures:
             captured = captured.to(device, dtype)
         prompt_lens = torch.tensor([self.prompt_lens[i] for i in idx])
         return tokens.to(device), lens.to(device), prompt_lens.to(device), hidden, lse, captured
-
-
-@torch.no_grad()
-def fastest_dtype(target, batch=8, length=128, repeats=2) -> torch.dtype:
-    """fp32 or bf16, whichever runs a whole-sequence forward of `target` faster on this machine (interleaved
-    timings after a warm-up; bf16 must win by 5%)."""
-    if target.embed.weight.dtype != torch.float32:
-        return target.embed.weight.dtype
-    device = target.embed.weight.device
-    tokens = torch.randint(target.cfg.vocab_size, (batch, length), generator=torch.Generator().manual_seed(0))
-    tokens = tokens.to(device)
-    models = {torch.float32: target, torch.bfloat16: copy.deepcopy(target).to(torch.bfloat16)}
-    best = dict.fromkeys(models, float("inf"))
-    for rep in range(repeats + 1):
-        for dtype, model in models.items():
-            t = time.perf_counter()
-            model.logits(model.forward_full(tokens))
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            if rep:  # the first round warms both up
-                best[dtype] = min(best[dtype], time.perf_counter() - t)
-    return torch.bfloat16 if best[torch.bfloat16] < 0.95 * best[torch.float32] else torch.float32
 
 
 def pad(seqs):

@@ -31,7 +31,8 @@ from bebop.checkpoint import load_checkpoint, save_checkpoint
 from bebop.data import data_identity, load_meta, load_split
 from bebop.engine import generate
 from bebop.errors import BebopError
-from bebop.features import TargetFeatures, fastest_dtype
+from bebop.features import TargetFeatures
+from bebop.models.registry import probed_choice
 from bebop.mtp import MTP, load_mtp, mtp_from_state, new_mtp, target_signature
 from bebop.sampling import SamplingParams
 
@@ -60,9 +61,9 @@ class TrainConfig:
     seed: int = 0
     mtp_layers: int = 1  # decoder blocks of a fresh MTP (DeepSeek-V3: 1)
     feature_layers: tuple[int, ...] = ()  # target layers a fresh MTP reads (EAGLE-3); () = the last hidden state
-    # machine-dependent speed-ups, off in the library so that a run's numbers never depend on a timing (the CLI's
-    # default is auto): the features' forward in float32, bfloat16 or auto (the faster of the two here), and bf16
-    # autocast of the training steps over fp32 weights: off, bf16 or auto (if a probe finds it faster)
+    # machine-dependent speed-ups, off in the library (the CLI's default is auto): the features' forward in
+    # float32, bfloat16 or auto, and bf16 autocast of the training steps over fp32 weights: off, bf16 or auto;
+    # auto = bf16 where this machine's cached --dtype probe chose bf16 for the model
     features_dtype: str = "float32"
     autocast: str = "off"
 
@@ -160,25 +161,6 @@ def spec_eval(mtp, rows, K, T, n_prompts, max_new_tokens, seed=0) -> dict:
 def autocast(target, enabled: bool):
     device = target.embed.weight.device.type
     return torch.autocast(device, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
-
-
-def autocast_faster(mtp, feats: TargetFeatures, cfg: TrainConfig, T, repeats=2) -> bool:
-    """Whether a training step (forward and backward, no update) on a real batch runs faster under bf16 autocast
-    on this machine: interleaved timings after a warm-up, bf16 must win by 5%. Gradients are cleared after."""
-    idx = list(range(min(cfg.batch_size, len(feats.seqs))))
-    batch = feats.get(idx)
-    best = {False: float("inf"), True: float("inf")}
-    for rep in range(repeats + 1):
-        for flag in best:
-            t = time.perf_counter()
-            with autocast(mtp.target, flag):
-                q_logits, p, labels, mask = depth_tensors(mtp, *batch, cfg.draft_len, T)
-                loss = loss_value("kl", q_logits.float(), p.float(), labels, mask)
-            loss.backward()
-            if rep:
-                best[flag] = min(best[flag], time.perf_counter() - t)
-    mtp.zero_grad(set_to_none=True)
-    return best[True] < 0.95 * best[False]
 
 
 def paths(out):
@@ -282,8 +264,13 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
             tmp.write_text("".join(r + "\n" for r in rows))
             tmp.replace(metrics_path)
 
+    # "auto": bf16 where this machine's --dtype probe chose it for this model (cached per machine, so a resumed
+    # or parallel run decides alike and reuses the same feature store)
+    name = getattr(target, "name", None)
+    choice = probed_choice(target, name) if name and "auto" in (cfg.features_dtype, cfg.autocast) else None
+    bf16_pays = choice is not None and choice["dtype"] == "bfloat16"
     compute_model = None  # the features' forward: a bf16 copy of the target where that is faster
-    if cfg.features_dtype == "bfloat16" or (cfg.features_dtype == "auto" and fastest_dtype(target) == torch.bfloat16):
+    if cfg.features_dtype == "bfloat16" or (cfg.features_dtype == "auto" and bf16_pays):
         compute_model = copy.deepcopy(target).to(torch.bfloat16)
 
     def features(rows, split):
@@ -297,7 +284,7 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
     if state is not None and "use_bf16" in state:  # a resumed run keeps its numerics
         use_bf16 = state["use_bf16"]
     else:
-        use_bf16 = cfg.autocast == "bf16" or (cfg.autocast == "auto" and autocast_faster(mtp, train_feats, cfg, T))
+        use_bf16 = cfg.autocast == "bf16" or (cfg.autocast == "auto" and bf16_pays)
     provenance = {"loss": cfg.loss, "draft_len": cfg.draft_len, "data": str(data_dir), "temperature": T,
                   "train_sequences": len(train_rows), "config": asdict(cfg), "command": command,
                   "init": init, "name": Path(out).name}

@@ -187,7 +187,7 @@ def load_model(name: str, max_len: int | None = None, dtype: str = "float32"):
     if dtype == "auto" and name in TINY:
         dtype = "float32"  # the seeded test models: not worth a probe, and tests stay fast and exact
     elif dtype == "auto":
-        choice = auto_dtype.choose(decoder, probe_name, cache_dir())
+        choice = probed_choice(decoder, name)
         dtype, decoder.attention = choice["dtype"], choice["attention"]
     else:  # a forced dtype still gets the faster decode kernel if this machine was probed
         known = auto_dtype.read_cache(cache_dir()).get(auto_dtype.probe_key(probe_name, decoder.embed.weight.device))
@@ -196,6 +196,15 @@ def load_model(name: str, max_len: int | None = None, dtype: str = "float32"):
     decoder.name = name
     decoder.eos_ids = eos_ids(tok, hf.generation_config)
     return decoder, tok
+
+
+def probed_choice(decoder, name: str) -> dict | None:
+    """This machine's fp32/bf16 probe for the model (bebop.models.dtype): measured on first use, then read from
+    the cache, so every run and resume on a machine decides alike. None for the seeded test models."""
+    if name in TINY:
+        return None
+    probe_name = name if name in model_names() else str(Path(name).resolve())
+    return auto_dtype.choose(decoder, probe_name, cache_dir())
 
 
 def context_length(config) -> int:
