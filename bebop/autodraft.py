@@ -24,6 +24,7 @@ import torch
 
 from bebop.models import registry
 from bebop.models.dtype import cpu_model
+from bebop.mtp import target_forward
 from bebop.sampling import SamplingParams, probabilities
 
 COST_FILE = "draft-costs-v2.json"  # v2: minimum over interleaved repetitions
@@ -64,11 +65,7 @@ def probe_costs(target, mtp, batch: int, max_k: int, context: int = 64, repeats:
                     h = mtp(tokens[:, k:k + 1], h.unsqueeze(1), mcache)[:, 0]
                     mcache.lengths += 1
                 probabilities(mtp.draft_logits(h), params)
-        verified = target(tokens[:, :K + 1], cache, capture=mtp.feature_layers)
-        if mtp.feature_layers:  # an EAGLE-3 MTP's input is projected from the verify forward's layers
-            mtp.target_features(*verified)
-            verified = verified[0]
-        probabilities(target.logits(verified), params)
+        probabilities(target.logits(target_forward(target, mtp, tokens[:, :K + 1], cache)[0]), params)
         if device.type == "cuda":
             torch.cuda.synchronize()
 

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from bebop.autodraft import Acceptance, StepCosts, choose_draft_len
 from bebop.errors import BebopError
 from bebop.models.decoder import Decoder
-from bebop.mtp import MTP
+from bebop.mtp import MTP, target_forward
 from bebop.sampling import SamplingParams, probabilities, rejection_sample_uniform, sample, token_stats
 
 MODES = ("ar", "spec", "spec-greedy")
@@ -110,16 +110,6 @@ def right_pad(seqs: list[list[int]], pad: int = 0) -> torch.Tensor:
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:
     return -torch.special.xlogy(probs, probs).sum(-1)
-
-
-def target_forward(target: Decoder, mtp: MTP | None, tokens, cache):
-    """The target's hidden states [B, T, d] and the MTP's depth-1 input for the same positions (the same
-    tensor, or an EAGLE-3 MTP's projection of the target layers it reads)."""
-    if mtp is None or not mtp.feature_layers:
-        hidden = target(tokens, cache)
-        return hidden, hidden
-    hidden, captured = target(tokens, cache, capture=mtp.feature_layers)
-    return hidden, mtp.target_features(hidden, captured)
 
 
 def draft(mtp: MTP, tokens, hidden, count, cache, K, params, greedy, u):

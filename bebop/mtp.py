@@ -172,6 +172,16 @@ class MTP(nn.Module):
         tmp_config.replace(config_path)
 
 
+def target_forward(target: Decoder, mtp: MTP | None, tokens, cache):
+    """The target's hidden states [B, T, d] and the MTP's depth-1 input for the same positions (the same
+    tensor, or an EAGLE-3 MTP's projection of the target layers it reads)."""
+    if mtp is None or not mtp.feature_layers:
+        hidden = target(tokens, cache)
+        return hidden, hidden
+    hidden, captured = target(tokens, cache, capture=mtp.feature_layers)
+    return hidden, mtp.target_features(hidden, captured)
+
+
 def target_signature(target: Decoder) -> dict:
     c = target.cfg
     return {"name": getattr(target, "name", None), "dim": c.dim, "vocab_size": c.vocab_size,
