@@ -112,3 +112,17 @@ def test_worker_mtp_drafts_for_the_synced_weights():
     assert torch.equal(worker.mtp.eh_proj.weight, mtp.eh_proj.weight)
     out = worker.generate([[1, 5, 9]], 6, seed=0)
     assert out["version"] == 5 and len(out["tokens"][0]) >= 1 and out["stats"]["drafted"] > 0
+
+
+def test_online_mtp_with_feature_layers_trains_and_syncs(tmp_path):
+    """An EAGLE-3 MTP (reading captured target layers) trains online on the policy's features, and the
+    one-step worker (another process, holding a copy built from the MTP's config) drafts with it."""
+    cfg = small(steps=2, async_mode="one-step", mtp_strategy="online-kl")
+    policy, tok = load_model(cfg.model)
+    mtp = new_mtp(policy, seed=1, feature_layers=(0, 1))
+    before = {k: v.clone() for k, v in mtp.state_dict().items()}
+    rows = run_rl(cfg, tmp_path / "run", policy, tok, TRAIN, EVAL, mtp, progress=False)
+    assert all(r["mtp_train_s"] > 0 and r["acceptance_rate"] is not None for r in rows)
+    after = mtp.state_dict()
+    assert not torch.equal(before["fc.weight"], after["fc.weight"])
+    assert not torch.equal(before["eh_proj.weight"], after["eh_proj.weight"])
