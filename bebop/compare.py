@@ -32,17 +32,19 @@ def compare_losses(target, data_dir, loss_names, cfg: TrainConfig, out_dir, temp
     out.mkdir(parents=True, exist_ok=True)
     prompts = [r["prompt_ids"] for r in load_split(data_dir, "heldout")[:eval_prompts]]
     results, teacher_forced = [], {}
-    settings = {"temperatures": list(temperatures), "prompts": len(prompts), "new_tokens": eval_new_tokens,
-                "seed": seed, "config": vars(cfg)}
     for name in loss_names:
         ckpt = out / f"mtp-{name}"
         train_mtp(target, data_dir, ckpt, replace(cfg, loss=name), resume=has_checkpoint(ckpt))
         done = out / f"eval-{name}.json"  # evaluations are kept too, so a rerun only does what is missing
         saved = json.loads(done.read_text()) if done.exists() else {}
-        if saved.get("settings") != {**settings, "config": vars(replace(cfg, loss=name))}:
+        # as JSON stores them (tuples become lists), or a saved evaluation never matches
+        settings = json.loads(json.dumps({"temperatures": list(temperatures), "prompts": len(prompts),
+                                          "new_tokens": eval_new_tokens, "seed": seed,
+                                          "config": vars(replace(cfg, loss=name))}))
+        if saved.get("settings") != settings:
             rows = evaluate_mtp(target, load_mtp(ckpt, target), prompts, temperatures, cfg.draft_len,
                                 eval_new_tokens, seed)
-            saved = {"settings": {**settings, "config": vars(replace(cfg, loss=name))}, "rows": rows}
+            saved = {"settings": settings, "rows": rows}
             done.write_text(json.dumps(saved))
         results += [{"loss": name, **row} for row in saved["rows"]]
         teacher_forced[name] = last_heldout_eval(ckpt)

@@ -117,9 +117,14 @@ def test_commands_end_to_end(tmp_path, capsys):
           "--steps", "4", "--batch-size", "4", "--eval-every", "2", "--eval-prompts", "2", "--out",
           str(tmp_path / "mtp")])
     assert (tmp_path / "mtp.safetensors").exists() and (tmp_path / "mtp.json").exists()
-    main(["compare-losses", "--model", "tiny-qwen3", "--data", str(data), "--losses", "ce,e2e-tv,kl+e2e-tv",
-          "--draft-len", "2", "--steps", "2", "--batch-size", "4", "--eval-prompts", "0", "--eval-samples", "2",
-          "--eval-new-tokens", "6", "--temperatures", "0.6,1.2", "--out", str(tmp_path / "cmp")])
+    compare = ["compare-losses", "--model", "tiny-qwen3", "--data", str(data), "--losses", "ce,e2e-tv,kl+e2e-tv",
+               "--draft-len", "2", "--steps", "2", "--batch-size", "4", "--eval-prompts", "0", "--eval-samples", "2",
+               "--eval-new-tokens", "6", "--temperatures", "0.6,1.2", "--out", str(tmp_path / "cmp")]
+    main(compare)
+    evals = sorted((tmp_path / "cmp").glob("eval-*.json"))
+    written = [p.stat().st_mtime_ns for p in evals]
+    main(compare)  # a rerun (e.g. after a crash) reuses the finished runs and their evaluations
+    assert len(evals) == 3 and [p.stat().st_mtime_ns for p in evals] == written
     report = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     keys = {(r["loss"], r["temperature"], r["mode"]) for r in report["results"]}
     assert keys == {(l, t, m) for l in ("ce", "e2e-tv", "kl+e2e-tv") for t in (0.6, 1.2) for m in ("spec", "spec-greedy")}
