@@ -47,8 +47,7 @@ def make_data(model, tokenizer, out_dir, source="builtin", num_samples=512, held
     mix = (mix or DEFAULT_MIX) if source == "builtin" else None
     dtype = str(model.embed.weight.dtype).removeprefix("torch.")  # the samples' numerics: part of what they are
     meta = {"model": model_name, "source": source, "mix": mix, "dtype": dtype, "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": params.top_k, "max_new_tokens": max_new_tokens, "seed": seed,
+            "top_p": params.top_p, "top_k": params.top_k, "max_new_tokens": max_new_tokens, "seed": seed,
             "num_samples": {"train": num_samples, "heldout": heldout_samples}}
     meta_path = out / "meta.json"
     if meta_path.exists():

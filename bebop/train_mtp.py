@@ -2,10 +2,10 @@
 
 Read top to bottom: data -> target features (one target forward per sequence, stored on disk in bf16 by
 bebop.features: the target is frozen, so its hidden states never change) -> the MTP unrolled K depths on its
-own hidden states, exactly as at inference (bebop.mtp.MTP.unroll) -> a loss from bebop.losses -> AdamW with warm-up and cosine decay, gradient
-clipping -> periodic held-out evaluation (teacher-forced acceptance, and real speculative acceptance from the
-engine) -> checkpoints that resume (bebop.checkpoint: one commit point each; a resume refuses other data or
-settings).
+own hidden states, exactly as at inference (bebop.mtp.MTP.unroll) -> a loss from bebop.losses -> AdamW with
+warm-up and cosine decay, gradient clipping -> periodic held-out evaluation (teacher-forced acceptance, and real
+speculative acceptance from the engine) -> checkpoints that resume (bebop.checkpoint: one commit point each; a
+resume refuses other data or settings).
 
 Depth k anchored at position t predicts token t + k + 1; its teacher distribution is the target's p at
 position t + k, after the data's temperature. Only predictions of completion tokens are trained on.
@@ -326,8 +326,7 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
             alpha = losses.acceptance(p.float(), q_logits.float().softmax(-1))
             train_alpha = torch.where(mask, alpha, 0).sum(0) / mask.sum(0).clamp_min(1)
         row = {"step": step + 1, "loss": loss.item(), "loss_fn": name, "bf16": use_bf16, "lr": lr_at(step),
-               "grad_norm": float(grad_norm),
-               "train_alpha": train_alpha.tolist(), "seconds": time.time() - t0}
+               "grad_norm": float(grad_norm), "train_alpha": train_alpha.tolist(), "seconds": time.time() - t0}
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             row.update(evaluate(step + 1))
             bar.set_postfix(alpha1=f"{row['heldout_alpha'][0]:.3f}", EA=f"{row['heldout_expected_accepted']:.2f}")

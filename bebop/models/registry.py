@@ -183,14 +183,13 @@ def load_model(name: str, max_len: int | None = None, dtype: str = "float32"):
         decoder = Decoder.from_hf(hf, max_len=max_len)
     except ValueError as e:
         raise BebopError(f"cannot load '{name}': {e}") from None
-    probe_name = name if name in model_names() else str(Path(name).resolve())
-    if dtype == "auto" and name in TINY:
-        dtype = "float32"  # the seeded test models: not worth a probe, and tests stay fast and exact
-    elif dtype == "auto":
-        choice = probed_choice(decoder, name)
-        dtype, decoder.attention = choice["dtype"], choice["attention"]
+    if dtype == "auto":
+        choice = probed_choice(decoder, name)  # None for the seeded test models: fp32, fast and exact
+        dtype = choice["dtype"] if choice else "float32"
+        decoder.attention = choice["attention"] if choice else decoder.attention
     else:  # a forced dtype still gets the faster decode kernel if this machine was probed
-        known = auto_dtype.read_cache(cache_dir()).get(auto_dtype.probe_key(probe_name, decoder.embed.weight.device))
+        key = auto_dtype.probe_key(probe_name(name), decoder.embed.weight.device)
+        known = auto_dtype.read_cache(cache_dir()).get(key)
         decoder.attention = known["attention_for"][dtype] if known else decoder.attention
     decoder = decoder.to(DTYPES[dtype])
     decoder.name = name
@@ -203,8 +202,12 @@ def probed_choice(decoder, name: str) -> dict | None:
     the cache, so every run and resume on a machine decides alike. None for the seeded test models."""
     if name in TINY:
         return None
-    probe_name = name if name in model_names() else str(Path(name).resolve())
-    return auto_dtype.choose(decoder, probe_name, cache_dir())
+    return auto_dtype.choose(decoder, probe_name(name), cache_dir())
+
+
+def probe_name(name: str) -> str:
+    """The model's key in the per-machine probe cache: its registry name, or its directory's absolute path."""
+    return name if name in model_names() else str(Path(name).resolve())
 
 
 def context_length(config) -> int:
