@@ -22,8 +22,9 @@ from bebop.sampling import SamplingParams
 
 
 def environment(model) -> dict:
-    """What a throughput figure depends on: the dtype and decode attention kernel in use, the CPU, threads."""
-    return {"dtype": str(model.embed.weight.dtype).removeprefix("torch."), "attention": model.attention,
+    """What a throughput figure depends on: the dtype and decode attention kernels in use (for one new token
+    per row, for several), the CPU, threads."""
+    return {"dtype": str(model.embed.weight.dtype).removeprefix("torch."), "attention": list(model.attention),
             "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 

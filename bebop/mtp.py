@@ -102,7 +102,7 @@ class MTP(nn.Module):
         cos, sin = self.target.rope(positions)
         x = self.fuse(tokens, hidden)
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, cache.k[i], cache.v[i], positions, mask)
+            x = block(x, cos, sin, cache.k[i], cache.v[i], positions, mask, self.target.attention)
         return x
 
     # ----- training: K depths unrolled on the MTP's own hidden states, as at inference -----

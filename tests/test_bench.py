@@ -26,5 +26,5 @@ def test_tokens_counted_up_to_eos(load_models, monkeypatch, ignore_eos):
 def test_environment_names_dtype_and_cpu(tiny_llama):
     model, _ = tiny_llama
     env = environment(model)
-    assert env["dtype"] == "float32" and env["attention"] == model.attention and env["cpu"] == cpu_model()
+    assert env["dtype"] == "float32" and env["attention"] == list(model.attention) and env["cpu"] == cpu_model()
     assert env["threads"] >= 1

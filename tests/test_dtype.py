@@ -11,27 +11,34 @@ from bebop.models import dtype as auto_dtype
 from bebop.models import registry
 
 
-def fake_timer(costs, calls=None):
-    """A timer whose forward costs `costs[(dtype name, attention)]` seconds, times the new tokens."""
+def fake_timer(costs, calls=None, several=None):
+    """A timer whose forward costs `costs[(dtype name, attention)]` seconds, times the new tokens; with
+    `several`, forwards of more than one new token per row cost `several[(dtype name, attention)]` instead."""
     def timer(model, batch, new_tokens):
         if calls is not None:
             calls.append((batch, new_tokens))
         name = {torch.float32: "float32", torch.bfloat16: "bfloat16"}[model.embed.weight.dtype]
-        return costs[(name, model.attention)] * batch * new_tokens
+        kind, other = model.attention  # the probe times one kernel at a time, for both phases
+        assert kind == other
+        table = several if several is not None and new_tokens > 1 else costs
+        return table[(name, kind)] * batch * new_tokens
     return timer
 
 
+def table(f32, bf16):
+    """{(dtype, kernel): cost} from (sdpa, folded, matmul) costs per dtype."""
+    return {**{("float32", a): c for a, c in zip(auto_dtype.ATTENTION_KINDS, f32)},
+            **{("bfloat16", a): c for a, c in zip(auto_dtype.ATTENTION_KINDS, bf16)}}
+
+
 @pytest.mark.parametrize("costs,want", [
-    ({("float32", "sdpa"): 1.0, ("float32", "matmul"): 1.1, ("bfloat16", "sdpa"): 0.6, ("bfloat16", "matmul"): 0.5},
-     ("bfloat16", "matmul")),
-    ({("float32", "sdpa"): 1.0, ("float32", "matmul"): 0.8, ("bfloat16", "sdpa"): 0.9, ("bfloat16", "matmul"): 2.0},
-     ("float32", "matmul")),
+    (table((1.0, 1.2, 1.1), (0.6, 0.7, 0.5)), ("bfloat16", ["matmul", "matmul"])),
+    (table((1.0, 1.0, 0.8), (0.9, 0.95, 2.0)), ("float32", ["matmul", "matmul"])),
     # bf16 only 3% faster: not worth fp32's precision
-    ({("float32", "sdpa"): 1.0, ("float32", "matmul"): 1.2, ("bfloat16", "sdpa"): 0.97, ("bfloat16", "matmul"): 1.5},
-     ("float32", "sdpa")),
-    # the matmul kernel only 2% faster: SDPA stays
-    ({("float32", "sdpa"): 1.0, ("float32", "matmul"): 0.98, ("bfloat16", "sdpa"): 0.5, ("bfloat16", "matmul"): 0.49},
-     ("bfloat16", "sdpa")),
+    (table((1.0, 1.1, 1.2), (0.97, 0.99, 1.5)), ("float32", ["sdpa", "sdpa"])),
+    # another kernel only 2% faster: SDPA stays
+    (table((1.0, 0.99, 0.98), (0.5, 0.495, 0.49)), ("bfloat16", ["sdpa", "sdpa"])),
+    (table((1.0, 0.8, 1.1), (0.6, 0.5, 0.7)), ("bfloat16", ["folded", "folded"])),
 ])
 def test_probe_picks_the_fastest_config(tiny_llama, costs, want):
     model, _ = tiny_llama
@@ -39,15 +46,25 @@ def test_probe_picks_the_fastest_config(tiny_llama, costs, want):
     got = auto_dtype.probe(model, fake_timer(costs, calls), shapes=((1, 1), (4, 2)), repeats=2)
     assert (got["dtype"], got["attention"]) == want
     assert got["attention_for"][want[0]] == want[1]
-    assert len(calls) == 4 * 2 * 3  # configs x shapes x (warm-up + repeats)
+    assert len(calls) == 6 * 2 * 3  # configs x shapes x (warm-up + repeats)
     assert got["ms"]["float32/sdpa"] == pytest.approx([1e3 * b * t for b, t in ((1, 1), (4, 2))])
-    assert model.embed.weight.dtype == torch.float32 and model.attention == "sdpa"  # the caller's model untouched
+    assert model.embed.weight.dtype == torch.float32 and model.attention == ("sdpa", "sdpa")  # caller's untouched
+
+
+def test_probe_picks_a_kernel_per_phase(tiny_llama):
+    """What this Intel Xeon measured in bf16 (issue 7): SDPA fastest for one new token per row, the folded
+    layout for several; and a dtype is judged with its best kernel in each phase."""
+    model, _ = tiny_llama
+    one = table((1.0, 1.3, 1.2), (0.8, 1.2, 1.1))
+    several = table((1.0, 1.1, 1.2), (1.6, 0.8, 1.0))  # bf16 SDPA alone would lose to fp32 here
+    got = auto_dtype.probe(model, fake_timer(one, several=several), shapes=((1, 1), (8, 1), (8, 4)), repeats=1)
+    assert got["attention_for"] == {"float32": ["sdpa", "sdpa"], "bfloat16": ["sdpa", "folded"]}
+    assert (got["dtype"], got["attention"]) == ("bfloat16", ["sdpa", "folded"])
 
 
 def test_probe_is_cached_per_model_and_thread_count(tiny_llama, tmp_path, monkeypatch):
     model, _ = tiny_llama
-    costs = {("float32", "sdpa"): 1.0, ("float32", "matmul"): 1.0, ("bfloat16", "sdpa"): 0.5,
-             ("bfloat16", "matmul"): 0.5}
+    costs = table((1.0, 1.0, 1.0), (0.5, 0.5, 0.5))
     calls = []
     first = auto_dtype.choose(model, "m1", tmp_path, fake_timer(costs, calls))
     n = len(calls)
@@ -73,10 +90,10 @@ def test_auto_dtype_end_to_end_on_a_local_model(tmp_path, monkeypatch, load_mode
     model, _ = registry.load_model(str(folder), dtype="auto")  # a real probe: tiny forwards, real timings
     known = json.loads((tmp_path / "cache" / auto_dtype.CACHE_FILE).read_text())
     (choice,) = known.values()
-    assert model.embed.weight.dtype == auto_dtype.DTYPES[choice["dtype"]] and model.attention == choice["attention"]
+    assert model.embed.weight.dtype == auto_dtype.DTYPES[choice["dtype"]] and model.attention == tuple(choice["attention"])
     assert all(len(ms) == len(auto_dtype.SHAPES) and min(ms) > 0 for ms in choice["ms"].values())
     forced, _ = registry.load_model(str(folder), dtype="bfloat16")  # forced dtype, probed kernel for it
-    assert forced.embed.weight.dtype == torch.bfloat16 and forced.attention == choice["attention_for"]["bfloat16"]
+    assert forced.embed.weight.dtype == torch.bfloat16 and forced.attention == tuple(choice["attention_for"]["bfloat16"])
 
 
 def test_auto_on_test_models_is_fp32_without_probe(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ import torch
 
 from bebop.errors import BebopError
 from bebop.models import registry
-from bebop.models.decoder import ATTENTION_KINDS, DECODE_MAX_T, Decoder, matmul_attention
+from bebop.models.decoder import ATTENTION, ATTENTION_KINDS, DECODE_MAX_T, Decoder
 
 NAMES = ["tiny-llama", "tiny-qwen3", "smollm2-135m"]
 ATOL = 2e-3
@@ -79,10 +79,10 @@ def test_chunked_prompt_through_kv_cache(trio):
     check_close(torch.cat(out), ref, "chunked")
 
 
-@pytest.mark.parametrize("attention", ATTENTION_KINDS)
+@pytest.mark.parametrize("attention", [(a, a) for a in ATTENTION_KINDS] + [("sdpa", "folded")])
 def test_ragged_right_padded_batch(trio, attention, monkeypatch):
     hf, model, tok = trio
-    monkeypatch.setattr(model, "attention", attention)  # steps of 3 tokens take the chosen decode kernel
+    monkeypatch.setattr(model, "attention", attention)  # steps of 1-3 tokens take the chosen decode kernels
     seqs = [registry.chat_ids(tok, t) for t in TEXTS]
     assert len({len(s) for s in seqs}) == len(seqs)
     refs = [hf_logits(hf, s) for s in seqs]
@@ -125,12 +125,14 @@ def test_ragged_right_padded_batch(trio, attention, monkeypatch):
         check_close(torch.cat(got[i]), refs[i], f"ragged chunked row {i}")
 
 
+@pytest.mark.parametrize("kernel", ATTENTION_KINDS)
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-2)])
-def test_matmul_attention_equals_sdpa(dtype, atol):
-    """The decode kernel computes SDPA's function: random GQA inputs, ragged rows (each its own cache length,
-    stale values past it), the causal bias that step_positions builds; both against an fp64 reference."""
+def test_decode_attention_kernels_equal_sdpa(kernel, dtype, atol):
+    """Every decode kernel computes SDPA's function: random GQA inputs, ragged rows (each its own cache length,
+    stale values past it), the causal bias that step_positions builds; against an fp64 reference and SDPA."""
     from bebop.models.decoder import KVCache, step_positions
 
+    attend = ATTENTION[kernel]
     g = torch.Generator().manual_seed(3)
     B, H, Hkv, D, L = 5, 8, 2, 16, 40
     for T in (1, 4, DECODE_MAX_T):
@@ -146,13 +148,13 @@ def test_matmul_attention_equals_sdpa(dtype, atol):
         ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
                                                                attn_mask=bias.double(), enable_gqa=True)
         sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
-        ours = matmul_attention(q, k, v, bias)
+        ours = attend(q, k, v, bias)
         assert ours.dtype == dtype and ours.shape == (B, H, T, D)
         torch.testing.assert_close(ours.double(), ref, rtol=0, atol=atol)
         torch.testing.assert_close(ours.double(), sdpa.double(), rtol=0, atol=2 * atol)
         # entries past a row's positions are never attended: changing them changes nothing
         cache.v[0, 0, :, int(positions[0, -1]) + 1:] = 1e4
-        torch.testing.assert_close(matmul_attention(q, k, cache.v[0, :, :, :S], bias), ours, rtol=0, atol=0)
+        torch.testing.assert_close(attend(q, k, cache.v[0, :, :, :S], bias), ours, rtol=0, atol=0)
 
 
 def test_unknown_model_name():

@@ -140,30 +140,45 @@ class Block(nn.Module):
         gate, up = self.w13(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.w2(F.silu(gate) * up)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, positions, bias, attention="sdpa"):
+    def forward(self, x, cos, sin, k_cache, v_cache, positions, bias, attention=("sdpa", "sdpa")):
         """x [B, T, dim] at `positions` [B, T]; writes this step's k/v into the row's cache slots first,
         then attends over the cache prefix allowed by the additive `bias` [B, 1, T, S] (0 or -inf).
-        `attention` ("sdpa" or "matmul") picks the kernel for few new tokens (see DECODE_MAX_T)."""
+        `attention`: the kernels (ATTENTION_KINDS) for one new token and for 2..DECODE_MAX_T new tokens."""
         q, k, v = self.qkv(x, cos, sin)
         rows = torch.arange(x.shape[0], device=x.device).unsqueeze(1)
         k_cache[rows, :, positions] = k.transpose(1, 2)  # index_put: measured no slower than scatter/index_copy
         v_cache[rows, :, positions] = v.transpose(1, 2)
         S = bias.shape[-1]
-        k, v = k_cache[:, :, :S], v_cache[:, :, :S]
-        if attention == "matmul" and x.shape[1] <= DECODE_MAX_T:
-            attn = matmul_attention(q, k, v, bias)
-        else:
-            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
-        return self.finish(x, attn)
+        T = x.shape[1]
+        kind = "sdpa" if T > DECODE_MAX_T else attention[T > 1]
+        return self.finish(x, ATTENTION[kind](q, k_cache[:, :, :S], v_cache[:, :, :S], bias))
 
 
-# Which attention kernel is faster for a few new tokens per row depends on the CPU: on an AMD EPYC the matmul
-# kernel cut a bf16 forward at batch 16 from 85 to 37 ms (issue 7); on an Intel Xeon with AMX it made the bf16
-# forward 1.2-1.4x slower at batch 16-64 and changed nothing in fp32. So the choice is measured per machine
-# (bebop.models.dtype). Above this many new tokens (prompts) SDPA's fused kernel won in every measurement: it
-# never materialises the [T, S] scores.
+# Which attention kernel is fastest for a few new tokens per row depends on the CPU, the dtype and whether a
+# row brings one token (plain decoding) or several (verification): on an AMD EPYC the matmul kernel cut a bf16
+# forward at batch 16 from 85 to 37 ms (issue 7); on an Intel Xeon with AMX it was 1.2-1.4x slower there, SDPA
+# was fastest for one token, and for 2-4 tokens SDPA's bf16 kernel took 3x its one-token time at batch 16
+# while the folded layout took 1.6x. So the choice is measured per machine and per phase (bebop.models.dtype).
+# Above this many new tokens (prompts) SDPA's fused kernel won in every measurement: it never materialises
+# the [T, S] scores.
 DECODE_MAX_T = 8
-ATTENTION_KINDS = ("sdpa", "matmul")
+
+
+def sdpa_attention(q, k, v, bias):
+    """torch's fused scaled_dot_product_attention. q [B, H, T, D]; k, v [B, Hkv, S, D]; bias [B, 1, T, S]."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+
+
+def folded_attention(q, k, v, bias):
+    """SDPA on GQA folded into the token axis: the `group` query heads that share a KV head become
+    group * T queries of one head ([B, Hkv, group*T, D]), the bias tiled to match. The same function as
+    sdpa_attention; its bf16 CPU kernel runs this layout faster when T > 1."""
+    B, H, T, D = q.shape
+    Hkv = k.shape[1]
+    group = H // Hkv
+    bias = bias.repeat(1, 1, group, 1)  # [B, 1, group*T, S]: rows ordered (head in group, token)
+    out = F.scaled_dot_product_attention(q.reshape(B, Hkv, group * T, D), k, v, attn_mask=bias)
+    return out.view(B, H, T, D)
 
 
 def matmul_attention(q, k, v, bias):
@@ -180,10 +195,14 @@ def matmul_attention(q, k, v, bias):
     return (probs.to(v.dtype).view(B, Hkv, group * T, S) @ v).view(B, H, T, D)
 
 
+ATTENTION = {"sdpa": sdpa_attention, "folded": folded_attention, "matmul": matmul_attention}
+ATTENTION_KINDS = tuple(ATTENTION)
+
+
 def step_positions(cache: KVCache, T: int):
     """Positions [B, T] of T new tokens per row, and the additive causal bias [B, 1, T, S] over the cache
     (0 where a row may attend, -inf elsewhere), built once per forward in the cache's dtype (every layer and
-    both attention kernels take it as is)."""
+    every attention kernel takes it as is)."""
     device = cache.lengths.device
     positions = cache.lengths.unsqueeze(1) + torch.arange(T, device=device)
     S = int(positions.max()) + 1
@@ -205,7 +224,9 @@ class Decoder(nn.Module):
         cos, sin = rope_tables(cfg, max_len)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.attention = "sdpa"  # decode attention kernel, one of ATTENTION_KINDS; chosen per machine at load
+        # attention kernels (ATTENTION_KINDS) for one new token per row and for 2..DECODE_MAX_T; chosen per
+        # machine at load (bebop.models.dtype)
+        self.attention = ("sdpa", "sdpa")
 
     @property
     def max_len(self) -> int:

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from bebop.models.decoder import ATTENTION_KINDS, Decoder
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-CACHE_FILE = "dtype-probe.json"
+CACHE_FILE = "dtype-probe-v2.json"  # v2: a kernel for one new token and one for several
 # (batch, new tokens per row) of the probe: plain decoding alone and batched, and a K=3 verification step
 SHAPES = ((1, 1), (8, 1), (8, 4))
 PREFIX = 128  # cached tokens per row the probe attends over
@@ -67,9 +67,12 @@ def time_forward(model: Decoder, batch: int, new_tokens: int) -> float:
 
 def probe(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPEATS) -> dict:
     """Time every (dtype, attention kernel) on every shape, interleaved (each repetition runs every config in a
-    rotated order, after one warm-up pass), and pick the config with the smallest geometric-mean time over the
-    shapes, each shape's time being its fastest repetition (load from other processes only adds time).
-    Returns {"dtype", "attention", "attention_for": {dtype: kernel}, "shapes", "ms": {config: [ms per shape]}}."""
+    rotated order, after one warm-up pass); each shape's time is its fastest repetition (load from other
+    processes only adds time). Per dtype, the kernel for one new token is the fastest on the shapes with one
+    new token, the kernel for several the fastest on the others (geometric means); the dtype is the one whose
+    kernels give the smaller geometric mean over all shapes.
+    Returns {"dtype", "attention": [one-token kernel, few-token kernel], "attention_for": {dtype: that pair},
+    "shapes", "ms": {config: [ms per shape]}}."""
     models = {"float32": model if model.embed.weight.dtype == torch.float32 else copy.deepcopy(model).float()}
     models["bfloat16"] = copy.deepcopy(models["float32"]).to(torch.bfloat16)
     configs = [(d, a) for d in DTYPES for a in ATTENTION_KINDS]
@@ -81,7 +84,7 @@ def probe(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPE
                 for j, shape in enumerate(shapes):
                     for i in range(len(configs)):
                         d, a = configs[(i + rep + j) % len(configs)]
-                        models[d].attention = a
+                        models[d].attention = (a, a)
                         t = timer(models[d], *shape)
                         if rep > 0:  # repetition 0 warms up allocations and kernels
                             times[(d, a)][j].append(t)
@@ -89,14 +92,20 @@ def probe(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPE
     finally:
         model.attention = saved
     ms = {c: [1e3 * min(ts) for ts in times[c]] for c in configs}
-    score = {c: math.exp(statistics.fmean(math.log(t) for t in ms[c])) for c in configs}
+    phases = [[j for j, (_, t) in enumerate(shapes) if (t > 1) == several] for several in (False, True)]
 
-    def better(default, other):
-        return other if score[other] < MARGIN * score[default] else default
+    def geomean(xs):
+        return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else 1.0
 
-    best = {d: better((d, "sdpa"), (d, "matmul")) for d in DTYPES}
-    pick = better(best["float32"], best["bfloat16"])
-    return {"dtype": pick[0], "attention": pick[1], "attention_for": {d: best[d][1] for d in DTYPES},
+    def kernel(d, phase):  # SDPA, the fused kernel, unless another is clearly faster on this phase's shapes
+        score = {a: geomean([ms[(d, a)][j] for j in phase]) for a in ATTENTION_KINDS}
+        best = min(score, key=score.get)
+        return best if score[best] < MARGIN * score["sdpa"] else "sdpa"
+
+    pairs = {d: [kernel(d, phase) for phase in phases] for d in DTYPES}
+    score = {d: geomean([ms[(d, pairs[d][shapes[j][1] > 1])][j] for j in range(len(shapes))]) for d in DTYPES}
+    pick = "bfloat16" if score["bfloat16"] < MARGIN * score["float32"] else "float32"
+    return {"dtype": pick, "attention": pairs[pick], "attention_for": pairs,
             "shapes": [list(s) for s in shapes], "ms": {f"{d}/{a}": ms[(d, a)] for d, a in configs}}
 
 

@@ -186,11 +186,11 @@ def load_model(name: str, max_len: int | None = None, dtype: str = "float32"):
     if dtype == "auto":
         choice = probed_choice(decoder, name)  # None for the seeded test models: fp32, fast and exact
         dtype = choice["dtype"] if choice else "float32"
-        decoder.attention = choice["attention"] if choice else decoder.attention
+        decoder.attention = tuple(choice["attention"]) if choice else decoder.attention
     else:  # a forced dtype still gets the faster decode kernel if this machine was probed
         key = auto_dtype.probe_key(probe_name(name), decoder.embed.weight.device)
         known = auto_dtype.read_cache(cache_dir()).get(key)
-        decoder.attention = known["attention_for"][dtype] if known else decoder.attention
+        decoder.attention = tuple(known["attention_for"][dtype]) if known else decoder.attention
     decoder = decoder.to(DTYPES[dtype])
     decoder.name = name
     decoder.eos_ids = eos_ids(tok, hf.generation_config)
