@@ -33,8 +33,9 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     logits = logits.float()
     if params.temperature < torch.finfo(torch.float32).tiny:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    # shift the maximum to 0 before dividing: a small T then sends the others to -inf, never to inf - inf = NaN
-    logits = (logits - logits.amax(-1, keepdim=True)) / params.temperature
+    if params.temperature != 1:  # (at T = 1 both steps are what softmax does anyway: two full-vocab passes saved)
+        # shift the maximum to 0 before dividing: a small T then sends the others to -inf, never inf - inf = NaN
+        logits = (logits - logits.amax(-1, keepdim=True)) / params.temperature
     if 0 < params.top_k < logits.shape[-1]:
         kth = logits.topk(params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -53,8 +54,8 @@ def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
     Float64 cumsum; picks the first index whose CDF exceeds u * total, so a zero-probability token is never
     chosen. A row that is all zero or NaN still yields an index inside the vocabulary."""
-    probs = torch.nan_to_num(probs.double(), nan=0.0).clamp_min_(0.0)
-    cdf = probs.cumsum(-1)
+    probs = torch.nan_to_num(probs, nan=0.0).clamp_min(0.0)
+    cdf = probs.cumsum(-1, dtype=torch.float64)  # (no float64 copy of probs: the sum widens as it goes)
     target = (u.double() * cdf[..., -1]).unsqueeze(-1)
     idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
     return idx.clamp_(max=probs.shape[-1] - 1)
