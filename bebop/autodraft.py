@@ -17,11 +17,11 @@ tokens per row in expectation (NOTES.md section 2), alpha_i being the acceptance
 """
 
 import json
-import os
 import time
 
 import torch
 
+from bebop.checkpoint import write_text_atomic
 from bebop.models import registry
 from bebop.models.dtype import cpu_model
 from bebop.mtp import target_forward
@@ -85,7 +85,7 @@ def probe_costs(target, mtp, batch: int, max_k: int, context: int = 64, repeats:
 def step_costs(target, mtp, batch: int, max_k: int) -> list[float]:
     """cost(K) for K = 0..max_k at this batch size, from the on-disk table or probed once and stored."""
     b = bucket(batch)
-    key = "|".join([str(getattr(target, "name", None) or f"dim{target.cfg.dim}x{target.cfg.n_layers}"),
+    key = "|".join([str(target.name or f"dim{target.cfg.dim}x{target.cfg.n_layers}"),
                     str(target.embed.weight.dtype), str(target.embed.weight.device.type), machine(),
                     f"draft_vocab={len(mtp.vocab_ids) or target.cfg.vocab_size}", f"mtp_layers={len(mtp.blocks)}",
                     f"feature_layers={len(mtp.feature_layers)}", f"batch={b}"])
@@ -100,9 +100,7 @@ def step_costs(target, mtp, batch: int, max_k: int) -> list[float]:
         table[key] = costs
         try:  # a cache is an optimisation: an unwritable directory only means probing again next time
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(table, indent=1))
-            tmp.replace(path)
+            write_text_atomic(path, json.dumps(table, indent=1))
         except OSError:
             pass
     return costs[:max_k + 1]

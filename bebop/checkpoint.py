@@ -12,6 +12,7 @@ removed by the next save. Older checkpoints are pruned after the commit, keeping
 
     save_checkpoint(root, step, tensors, state, meta, keep=1) -> Path
     load_checkpoint(root) -> Checkpoint(step, tensors, state, meta, path) | None   (None: nothing committed)
+Single files (caches, metadata, metrics) get the same guarantee from `write_text_atomic`.
 """
 
 import json
@@ -27,6 +28,19 @@ from safetensors.torch import load_file, save_file
 from bebop.errors import BebopError
 
 PREFIX = "step-"
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and one rename: a reader, or a crash, sees the old file
+    or the new one, never half of one. The temporary name carries the process id, so that concurrent writers
+    (two runs probing the same cache) never write into each other's temporary file."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a failed write leaves nothing behind
+        raise
 
 
 @dataclass

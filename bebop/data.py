@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from bebop.checkpoint import write_text_atomic
 from bebop.engine import generate
 from bebop.errors import BebopError
 from bebop.models.registry import chat_ids
@@ -69,9 +70,7 @@ def make_data(model, tokenizer, out_dir, source="builtin", num_samples=512, held
     if longest + max_new_tokens > model.max_len:
         raise BebopError(f"a prompt of {longest} tokens + --max-new-tokens {max_new_tokens} exceeds the context of "
                          f"'{model_name}' ({model.max_len} tokens)")
-    tmp = meta_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(meta, indent=1))
-    tmp.replace(meta_path)
+    write_text_atomic(meta_path, json.dumps(meta, indent=1))
     for split, n in splits.items():
         path = out / f"{split}.jsonl"
         with open(path, "a") as f, tqdm(total=n, initial=done[split], desc=f"make-data {split}", unit="seq") as bar:

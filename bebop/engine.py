@@ -193,7 +193,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     acceptance = Acceptance(K_max) if auto and spec else None
     costs = StepCosts(target, mtp, K_max) if auto and spec else None  # probed, then measured
     vocab_ids = mtp.vocab_ids if spec and len(mtp.vocab_ids) else None
-    eos_set = set(getattr(target, "eos_ids", []) if eos_ids is None else eos_ids)
+    eos_set = set(target.eos_ids if eos_ids is None else eos_ids)
     eos_t = torch.tensor(sorted(eos_set), dtype=torch.long)
     traced = []
     bar = tqdm(total=N * max_new_tokens, desc=f"generate {mode}", unit="tok", disable=not progress, leave=False)

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from bebop.checkpoint import write_text_atomic
+
 BLOCK = 256  # sequences per resumable block (sorted by length inside it: little padding)
 BATCH_TOKENS = 4096  # padded tokens per forward
 
@@ -40,7 +42,7 @@ class TargetFeatures:
         ids = hashlib.sha256(np.concatenate([s.numpy() for s in self.seqs] or [np.zeros(0)]).tobytes()).hexdigest()
         model = compute_model or target
         self.key = {"n": len(self.seqs), "tokens": total, "ids_sha256": ids, "T": temperature, "L": max_seq_len,
-                    "model": getattr(target, "name", None), "dim": target.cfg.dim,
+                    "model": target.name, "dim": target.cfg.dim,
                     "dtype": str(model.embed.weight.dtype).removeprefix("torch.")}
         needed = sorted({last, *self.captured})
         self.store = None if store is None else Path(store)
@@ -119,9 +121,7 @@ class TargetFeatures:
         for arr in (*self.hidden.values(), self.lse):
             if isinstance(arr, np.memmap):
                 arr.flush()
-        tmp = self.store / "meta.json.tmp"
-        tmp.write_text(json.dumps(meta))
-        tmp.replace(self.store / "meta.json")  # a block counts as done only once its bytes are on disk
+        write_text_atomic(self.store / "meta.json", json.dumps(meta))  # a block is done once its bytes are on disk
 
     def _rows(self, arr, idx, width, dtype):
         out = torch.zeros(len(idx), width, *arr.shape[1:], dtype=dtype)

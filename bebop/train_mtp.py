@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from bebop import losses
-from bebop.checkpoint import load_checkpoint, save_checkpoint
+from bebop.checkpoint import load_checkpoint, save_checkpoint, write_text_atomic
 from bebop.data import data_identity, load_meta, load_split
 from bebop.engine import generate
 from bebop.errors import BebopError
@@ -174,7 +174,7 @@ def paths(out):
 def feature_store(data_dir, split: str, target, T: float, max_seq_len: int) -> Path:
     """Where train-mtp keeps the target's features of a split (bebop.features): inside the data directory, so
     every run on that data (other losses, capacity options, resumes) shares them."""
-    name = f"features-{split}-{getattr(target, 'name', 'model')}-T{T:g}-L{max_seq_len}".replace("/", "_")
+    name = f"features-{split}-{target.name or 'model'}-T{T:g}-L{max_seq_len}".replace("/", "_")
     return Path(data_dir) / name
 
 
@@ -237,7 +237,7 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
             raise BebopError(f"--init {init} has {mtp.config.layers} layer(s) and feature layers "
                              f"{list(mtp.feature_layers) or 'none'}; pass the same --mtp-layers and --feature-layers")
         if cfg.draft_vocab:
-            mtp.set_draft_vocab(frequent_tokens(train_rows, cfg.draft_vocab, always=getattr(target, "eos_ids", [])))
+            mtp.set_draft_vocab(frequent_tokens(train_rows, cfg.draft_vocab, always=target.eos_ids))
         state, start_step = None, 0
         metrics_path.unlink(missing_ok=True)
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
@@ -260,13 +260,11 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
         order = state["order"]
         if metrics_path.exists():  # drop rows logged after the checkpoint (and a torn last line): redone next
             rows = [r for r in metrics_path.read_text().splitlines() if logged_step(r) <= start_step]
-            tmp = metrics_path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(r + "\n" for r in rows))
-            tmp.replace(metrics_path)
+            write_text_atomic(metrics_path, "".join(r + "\n" for r in rows))
 
     # "auto": bf16 where this machine's --dtype probe chose it for this model (cached per machine, so a resumed
     # or parallel run decides alike and reuses the same feature store)
-    name = getattr(target, "name", None)
+    name = target.name
     choice = probed_choice(target, name) if name and "auto" in (cfg.features_dtype, cfg.autocast) else None
     bf16_pays = choice is not None and choice["dtype"] == "bfloat16"
     compute_model = None  # the features' forward: a bf16 copy of the target where that is faster

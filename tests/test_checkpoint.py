@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bebop.checkpoint import load_checkpoint, save_checkpoint
+from bebop.checkpoint import load_checkpoint, save_checkpoint, write_text_atomic
 from bebop.errors import BebopError
 
 
@@ -37,6 +37,23 @@ def test_commit_prune_and_stale_temporaries(tmp_path):
     (root / "step-000000002" / "state.pt").write_bytes(b"torn")
     with pytest.raises(BebopError, match="unreadable"):
         load_checkpoint(root)
+
+
+def test_write_text_atomic_replaces_whole_files_and_leaves_no_temporary(tmp_path, monkeypatch):
+    path = tmp_path / "cache.json"
+    write_text_atomic(path, "old")
+    write_text_atomic(path, "new")
+    assert path.read_text() == "new" and os.listdir(tmp_path) == ["cache.json"]
+
+    write = Path.write_text
+
+    def torn(self, text):  # a writer that dies half-way through its temporary file
+        write(self, text[:2])
+        raise OSError("disk full")
+    monkeypatch.setattr(Path, "write_text", torn)
+    with pytest.raises(OSError):
+        write_text_atomic(path, "newer")
+    assert path.read_text() == "new" and os.listdir(tmp_path) == ["cache.json"]  # the last whole file, no debris
 
 
 def test_an_uncommitted_checkpoint_is_invisible(tmp_path):

@@ -227,6 +227,8 @@ class Decoder(nn.Module):
         # attention kernels (ATTENTION_KINDS) for one new token per row and for 2..DECODE_MAX_T; chosen per
         # machine at load (bebop.models.dtype)
         self.attention = ("sdpa", "sdpa")
+        self.name: str | None = None  # what the loader knows it as (registry name or path): keys per-model caches
+        self.eos_ids: list[int] = []  # tokens that end a generation (the loader reads them from the tokenizer)
 
     @property
     def max_len(self) -> int:

@@ -18,6 +18,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from bebop.checkpoint import write_text_atomic
 from bebop.models.decoder import ATTENTION_KINDS, Decoder
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -124,7 +125,5 @@ def choose(model: Decoder, model_name: str, cache_dir, timer=time_forward) -> di
     if key not in known:
         known[key] = probe(model, timer)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(known, indent=1))
-        tmp.replace(path)  # atomic: a concurrent reader sees the old file or the new one
+        write_text_atomic(path, json.dumps(known, indent=1))  # a concurrent reader sees the old file or the new
     return known[key]

@@ -53,7 +53,7 @@ def mtp_state(mtp: MTP | None) -> dict:
 
 def model_spec(policy: Decoder, mtp: MTP | None) -> dict:
     """What a worker needs to build empty copies of the policy and MTP (plain, picklable data)."""
-    return {"cfg": policy.cfg, "name": getattr(policy, "name", None), "eos_ids": list(getattr(policy, "eos_ids", [])),
+    return {"cfg": policy.cfg, "name": policy.name, "eos_ids": list(policy.eos_ids),
             "device": str(policy.embed.weight.device),
             "mtp": None if mtp is None else {"config": copy.deepcopy(mtp.config), "vocab_ids": mtp.vocab_ids.tolist()}}
 
