@@ -285,7 +285,8 @@ def cmd_make_data(args):
 
 def train_config(args):
     from bebop.data import load_meta, load_split
-    from bebop.train_mtp import LOSSES, TrainConfig
+    from bebop.losses import LOSSES
+    from bebop.train_mtp import TrainConfig
 
     if args.loss not in LOSSES:
         raise BebopError(f"unknown loss '{args.loss}' (choose from {', '.join(LOSSES)})")
@@ -335,7 +336,7 @@ def cmd_train_mtp(args):
 def cmd_compare_losses(args):
     from bebop.compare import compare_losses
     from bebop.models.registry import load_model
-    from bebop.train_mtp import LOSSES
+    from bebop.losses import LOSSES
 
     names = [x.strip() for x in args.losses.split(",") if x.strip()]
     bad = [x for x in names if x not in LOSSES]

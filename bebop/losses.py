@@ -92,3 +92,24 @@ def lk_loss(p, q, mask=None, eta=3.0):
     alpha = acceptance(p, q)
     lam = torch.exp(-eta * alpha.detach())
     return _masked_mean(lam * _kl(p, q) + (1 - lam) * (1 - alpha), mask)
+
+
+# ----- the losses by name, as the CLI and the trainers take them -----
+LOSSES = ("ce", "kl", "tv", "e2e-tv", "lk", "kl+e2e-tv")
+
+
+def loss_at(name: str, step: int, steps: int) -> str:
+    """'kl+e2e-tv': KL for the first half of the budget (a good start), e2e-TV after (what acceptance pays)."""
+    if name == "kl+e2e-tv":
+        return "kl" if step < steps // 2 else "e2e-tv"
+    return name
+
+
+def loss_value(name, q_logits, p, labels, mask):
+    """The loss `name` (one of LOSSES but the schedule) from draft logits q_logits [N, K, V], teacher p, labels
+    [N, K] (draft-vocabulary indices, -1 outside it: no CE target) and mask [N, K]."""
+    if name == "ce":
+        return ce_loss(q_logits, labels.clamp_min(0), mask & (labels >= 0))
+    q = q_logits.softmax(-1)
+    fn = {"kl": kl_loss, "tv": tv_loss, "e2e-tv": e2e_tv_loss, "lk": lk_loss}[name]
+    return fn(p, q, mask)

@@ -32,11 +32,10 @@ from bebop.data import data_identity, load_meta, load_split
 from bebop.engine import generate
 from bebop.errors import BebopError
 from bebop.features import TargetFeatures
+from bebop.losses import LOSSES, loss_at, loss_value
 from bebop.models.registry import probed_choice
 from bebop.mtp import MTP, load_mtp, mtp_from_state, new_mtp, target_signature
 from bebop.sampling import SamplingParams
-
-LOSSES = ("ce", "kl", "tv", "e2e-tv", "lk", "kl+e2e-tv")
 
 
 @dataclass
@@ -66,13 +65,6 @@ class TrainConfig:
     # auto = bf16 where this machine's cached --dtype probe chose bf16 for the model
     features_dtype: str = "float32"
     autocast: str = "off"
-
-
-def loss_at(name: str, step: int, steps: int) -> str:
-    """'kl+e2e-tv': KL for the first half of the budget (a good start), e2e-TV after (what acceptance pays)."""
-    if name == "kl+e2e-tv":
-        return "kl" if step < steps // 2 else "e2e-tv"
-    return name
 
 
 def frequent_tokens(rows: list[dict], n: int, always=()) -> torch.Tensor:
@@ -113,14 +105,6 @@ def depth_tensors(mtp: MTP, tokens, lens, prompt_lens, hidden, lse, captured, K,
         labels = to_draft[labels]
     keep = mask[..., 0]  # anchors whose first depth is trainable
     return q_logits[keep], p[keep], labels[keep], mask[keep]
-
-
-def loss_value(name, q_logits, p, labels, mask):
-    if name == "ce":
-        return losses.ce_loss(q_logits, labels.clamp_min(0), mask & (labels >= 0))
-    q = q_logits.softmax(-1)
-    fn = {"kl": losses.kl_loss, "tv": losses.tv_loss, "e2e-tv": losses.e2e_tv_loss, "lk": losses.lk_loss}[name]
-    return fn(p, q, mask)
 
 
 @torch.no_grad()
