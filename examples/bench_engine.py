@@ -4,6 +4,8 @@
     PYTHONPATH=. OMP_NUM_THREADS=1 python examples/bench_engine.py draft-len --batch-sizes 1,16,64
     # continuous batching: N requests with EOS stops through max_batch rows vs fixed batches of max_batch
     PYTHONPATH=. OMP_NUM_THREADS=1 python examples/bench_engine.py batching --requests 64 --max-batch 16
+    # the attention kernel of verification steps (several new tokens per row), against plain decoding
+    PYTHONPATH=. python examples/bench_engine.py attention --batch-sizes 16 --draft-lens 1,3 --dtype bfloat16
 
 Every variant gets the same prompts and per-request seeds; tokens/s is total tokens over total time across
 repetitions, and each repetition runs the variants in a rotated order.
@@ -39,7 +41,7 @@ def interleave(variants: dict, repeats: int) -> dict:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=("draft-len", "batching"))
+    ap.add_argument("what", choices=("draft-len", "batching", "attention"))
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--batch-sizes", default="1,16")
     ap.add_argument("--draft-lens", default="3,auto")
@@ -48,6 +50,7 @@ def main():
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--kernels", default="sdpa,folded", help="attention: verification kernels to compare")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
     args = ap.parse_args()
@@ -56,17 +59,21 @@ def main():
     params = SamplingParams(args.temperature)
     print(f"model {args.model}, dtype {str(model.embed.weight.dtype).removeprefix('torch.')} (--dtype {args.dtype}), "
           f"CPU {cpu_model()}, {torch.get_num_threads()} threads")
-    if args.what == "draft-len":
+    if args.what in ("draft-len", "attention"):
         lens = [x if x == "auto" else int(x) for x in args.draft_lens.split(",")]
+        kernels = args.kernels.split(",") if args.what == "attention" else [model.attention[1]]
+        one_token = model.attention[0]  # plain decoding steps keep the probed kernel throughout
         for b in [int(x) for x in args.batch_sizes.split(",")]:
             prompts = [chat_ids(tok, t) for t in default_prompts(b)]
-            def run(mode, K):
+            def run(mode, K, kernel=kernels[0]):
                 def f():
+                    model.attention = (one_token, kernel)
                     g = generate(model, prompts, args.max_new_tokens, params, mode=mode, mtp=mtp, draft_len=K,
                                  seed=0, eos_ids=[])
                     return g.stats.tokens, g.stats
                 return f
-            variants = {"ar": run("ar", 0), **{f"spec K={K}": run("spec", K) for K in lens}}
+            variants = {"ar": run("ar", 0), **{f"spec K={K}" + (f" {a}" if len(kernels) > 1 else ""): run("spec", K, a)
+                                               for K in lens for a in kernels}}
             # warm-up; for "auto" this also probes (once per machine) the cost table of this batch size
             generate(model, prompts, 4, params, mode="spec", mtp=mtp, draft_len="auto", eos_ids=[])
             res = interleave(variants, args.repeats)
@@ -74,7 +81,7 @@ def main():
             for name, (tps, secs, st) in res.items():
                 extra = "" if not st.steps else (f"  mean K {st.mean_draft_len:.2f}  accept {st.acceptance_rate:.3f}"
                                                  f"  mean len {st.mean_acceptance_length:.2f}")
-                print(f"batch {b:>3}  {name:<12} {tps:8.1f} tok/s  {tps / base:5.2f}x ar  ({secs:.1f} s){extra}")
+                print(f"batch {b:>3}  {name:<19} {tps:8.1f} tok/s  {tps / base:5.2f}x ar  ({secs:.1f} s){extra}")
     else:
         n, mb = args.requests, args.max_batch
         prompts = [chat_ids(tok, t) for t in default_prompts(n)]
