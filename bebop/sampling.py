@@ -55,7 +55,7 @@ def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     Float64 cumsum; picks the first index whose CDF exceeds u * total, so a zero-probability token is never
     chosen. A row that is all zero or NaN still yields an index inside the vocabulary."""
     probs = torch.nan_to_num(probs, nan=0.0).clamp_min(0.0)
-    cdf = probs.cumsum(-1, dtype=torch.float64)  # (no float64 copy of probs: the sum widens as it goes)
+    cdf = probs.cumsum(-1, dtype=torch.float64)  # the CDF in float64; the clean-up above stays in float32
     target = (u.double() * cdf[..., -1]).unsqueeze(-1)
     idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
     return idx.clamp_(max=probs.shape[-1] - 1)
