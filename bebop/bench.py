@@ -22,9 +22,10 @@ from bebop.sampling import SamplingParams
 
 
 def environment(model) -> dict:
-    """What a throughput figure depends on: the dtype and decode attention kernels in use (for one new token
-    per row, for several), the CPU, threads."""
+    """What a throughput figure depends on: the dtype, the decode attention kernels in use (for one new token
+    per row, for several) and the linear kind, the CPU, threads."""
     return {"dtype": str(model.embed.weight.dtype).removeprefix("torch."), "attention": list(model.attention),
+            "linear": model.linear,
             "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 

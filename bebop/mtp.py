@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from bebop.errors import BebopError
-from bebop.models.decoder import Block, Decoder, KVCache, RMSNorm, step_positions
+from bebop.models.decoder import Block, Decoder, KVCache, Linear, RMSNorm, set_linear, step_positions
 
 
 @dataclass
@@ -50,15 +50,16 @@ class MTP(nn.Module):
                              f"got {self.config.feature_layers}")
         self.feature_layers = tuple(self.config.feature_layers)
         if self.feature_layers:
-            self.fc = nn.Linear(len(self.feature_layers) * cfg.dim, cfg.dim, bias=False)
+            self.fc = Linear(len(self.feature_layers) * cfg.dim, cfg.dim, bias=False)
         self.enorm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.hnorm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.eh_proj = nn.Linear(2 * cfg.dim, cfg.dim, bias=False)
+        self.eh_proj = Linear(2 * cfg.dim, cfg.dim, bias=False)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(self.config.layers))
         # the target's modules, shared and frozen; kept out of this module's parameters and state dict
         object.__setattr__(self, "target", target)
         self.register_buffer("vocab_ids", torch.arange(0), persistent=True)
         self.set_draft_vocab(None)
+        set_linear(self, target.linear)  # multiply as the target does (packed weights where the probe chose them)
 
     # ----- vocabulary -----
     def set_draft_vocab(self, vocab_ids: torch.Tensor | None):

@@ -2,6 +2,7 @@
 logits through the KV cache, the same prompt fed in uneven chunks, and right-padded ragged batches whose rows
 sit at different positions -- the shapes the engine produces (prefill, then verify steps of K+1 tokens)."""
 
+import copy
 import json
 
 import pytest
@@ -208,3 +209,51 @@ def test_broken_model_directory_is_one_clear_error(tmp_path, load_models, broken
             f.unlink()
     with pytest.raises(BebopError, match="config.json is unreadable|cannot load model|no tokenizer"):
         registry.load_model(str(tmp_path))
+
+
+def test_packed_linear_computes_what_f_linear_does(load_models):
+    """bf16 weights pre-packed for oneDNN (Decoder.linear = "packed"): the same logits as plain F.linear on
+    decode steps and a prefill, repacked after an in-place weight update and after .to(), and never used where
+    gradients are wanted (training takes the autograd path)."""
+    from bebop.models.decoder import Linear, packs_weights
+
+    _, model, _ = load_models("tiny-llama")
+    model = copy.deepcopy(model).to(torch.bfloat16)
+    assert packs_weights(torch.bfloat16, torch.device("cpu")) and not packs_weights(torch.float32, torch.device("cpu"))
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.cfg.vocab_size, (3, 11), generator=g)
+    steps = [torch.randint(0, model.cfg.vocab_size, (3, t), generator=g) for t in (1, 4, 1)]
+
+    def run():
+        cache, out = model.new_cache(3, 32), []
+        for tokens in [prompt, *steps]:
+            out.append(model.logits(model(tokens, cache)))
+            cache.lengths += tokens.shape[1]
+        return out
+
+    def same(a, b):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=1e-2, atol=1e-2)
+
+    model.linear = "plain"
+    plain = run()
+    model.linear = "packed"
+    assert model.linear == "packed" and all(m.pack for m in model.modules() if isinstance(m, Linear))
+    same(run(), plain)
+    assert "_packed" in model.layers[0].w13.__dict__  # the packed copy is what ran
+    with torch.no_grad():
+        model.layers[0].w13.weight.mul_(2)  # an optimiser step or weight sync: in place
+    packed_after = run()
+    model.linear = "plain"
+    plain_after = run()
+    same(packed_after, plain_after)
+    assert (plain_after[0] - plain[0]).abs().max() > 0.1  # the update changed the model: a stale copy would show
+    model.linear = "packed"
+    model.float()  # fp32 has nothing to pack: plain products, no stale bf16 copy
+    assert "_packed" not in model.layers[0].w13.__dict__
+    torch.testing.assert_close(run()[0], plain_after[0], rtol=0.05, atol=0.05)
+    model.to(torch.bfloat16)
+    with torch.enable_grad():
+        x = torch.randn(2, model.cfg.dim, dtype=torch.bfloat16, requires_grad=True)
+        model.layers[0].wo(x).sum().backward()  # the packed path has no backward: this must be F.linear
+    assert x.grad is not None

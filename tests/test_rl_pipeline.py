@@ -104,7 +104,7 @@ def test_worker_mtp_drafts_for_the_synced_weights():
     policy, _ = load_model("tiny-qwen3")  # untied head: the MTP must follow lm_head, not the embedding
     mtp = new_mtp(policy, seed=1)
     mtp.set_draft_vocab(torch.arange(0, 200, 2))
-    worker = LocalWorker(model_spec(policy, mtp), "float32", "spec", 3, 1.0)
+    worker = LocalWorker(model_spec(policy, mtp, "float32"), "float32", "spec", 3, 1.0)
     with torch.no_grad():
         policy.lm_head.weight.add_(1.0)
     worker.load_weights(policy_state(policy), mtp_state(mtp), 5)

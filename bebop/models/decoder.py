@@ -62,6 +62,16 @@ class KVCache:
         self.lengths = torch.zeros(batch, dtype=torch.long)
 
     @property
+    def linear(self) -> str:
+        """How the linear layers multiply (LINEAR_KINDS): chosen per machine at load, like `attention`."""
+        return self.__dict__.get("_linear", "plain")
+
+    @linear.setter
+    def linear(self, kind: str):
+        set_linear(self, kind)
+        self.__dict__["_linear"] = kind
+
+    @property
     def max_len(self) -> int:
         return self.k.shape[3]
 
@@ -105,6 +115,47 @@ def apply_rope(x, cos, sin):
     return x * cos + rotated * sin
 
 
+def packs_weights(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether torch's oneDNN linear can take a pre-packed weight of this dtype here (bf16 on a CPU)."""
+    return device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available() \
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+class Linear(nn.Linear):
+    """nn.Linear that can keep a copy of its weight in oneDNN's blocked layout (`pack`), used outside autograd.
+    torch's bf16 CPU matmul otherwise lays the whole weight out again on every call: at decode batch sizes
+    that is a second pass over the weights, and the packed product took 0.65-0.8x the time on this Intel Xeon
+    (issue 7). The results agree with F.linear's (tests/test_models.py); the copy is rebuilt whenever the weight
+    changes: in-place updates (an optimiser step, a weight sync) bump its version, `.to()` replaces it."""
+
+    pack = False
+    PACK_FOR_BATCH = 64  # the row count oneDNN lays the weight out for (with 1 its kernel changes above ~32 rows)
+
+    def forward(self, x):
+        w = self.weight
+        if not self.pack or torch.is_grad_enabled() or not packs_weights(w.dtype, w.device):
+            return F.linear(x, w, self.bias)
+        key = (w.data_ptr(), w._version, w.dtype)
+        packed = self.__dict__.get("_packed")
+        if packed is None or packed[0] != key:
+            packed = self.__dict__["_packed"] = (key, torch.ops.mkldnn._reorder_linear_weight(w, self.PACK_FOR_BATCH))
+        return torch.ops.mkldnn._linear_pointwise(x, packed[1], self.bias, "none", [], "")
+
+    def _apply(self, fn, *args, **kwargs):
+        self.__dict__.pop("_packed", None)  # .to(), .float(), ...: the weight is about to be replaced
+        return super()._apply(fn, *args, **kwargs)
+
+
+LINEAR_KINDS = ("plain", "packed")
+
+
+def set_linear(module: nn.Module, kind: str) -> None:
+    """Run every bebop Linear in `module` with plain F.linear or with packed weights (LINEAR_KINDS)."""
+    for m in module.modules():
+        if isinstance(m, Linear):
+            m.pack = kind == "packed"
+
+
 class Block(nn.Module):
     """One pre-norm decoder layer: GQA attention with RoPE (optional qk-norm), then SwiGLU."""
 
@@ -113,14 +164,14 @@ class Block(nn.Module):
         self.cfg = cfg
         q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.wqkv = nn.Linear(cfg.dim, q + 2 * kv, bias=cfg.attention_bias)  # q, k, v fused: one matmul
-        self.wo = nn.Linear(q, cfg.dim, bias=False)
+        self.wqkv = Linear(cfg.dim, q + 2 * kv, bias=cfg.attention_bias)  # q, k, v fused: one matmul
+        self.wo = Linear(q, cfg.dim, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
         self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.w13 = nn.Linear(cfg.dim, 2 * cfg.hidden_dim, bias=False)  # gate and up fused
-        self.w2 = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False)
+        self.w13 = Linear(cfg.dim, 2 * cfg.hidden_dim, bias=False)  # gate and up fused
+        self.w2 = Linear(cfg.hidden_dim, cfg.dim, bias=False)
 
     def qkv(self, x, cos, sin):
         """Projected, normed and rotated q [B, H, T, D], k and v [B, Hkv, T, D]."""
@@ -218,7 +269,7 @@ class Decoder(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         cos, sin = rope_tables(cfg, max_len)
@@ -229,6 +280,16 @@ class Decoder(nn.Module):
         self.attention = ("sdpa", "sdpa")
         self.name: str | None = None  # what the loader knows it as (registry name or path): keys per-model caches
         self.eos_ids: list[int] = []  # tokens that end a generation (the loader reads them from the tokenizer)
+
+    @property
+    def linear(self) -> str:
+        """How the linear layers multiply (LINEAR_KINDS): chosen per machine at load, like `attention`."""
+        return self.__dict__.get("_linear", "plain")
+
+    @linear.setter
+    def linear(self, kind: str):
+        set_linear(self, kind)
+        self.__dict__["_linear"] = kind
 
     @property
     def max_len(self) -> int:

@@ -1,9 +1,9 @@
 """`--dtype auto`: run the model in bfloat16 where this machine runs it faster than float32, else float32.
 
 Whether bf16 pays depends on the CPU (the same model decoded 2x faster in bf16 on an AMD EPYC with avx512_bf16
-and 1.4x slower on an Intel Xeon with AMX), and so does the faster decode attention kernel (decoder.py), so
-both are measured: a few interleaved forwards of the actual model, per (dtype, attention kernel), at batch 1
-and a larger batch. The answer is cached in the bebop cache dir, keyed by everything that changes it: CPU
+and 1.4x slower on an Intel Xeon with AMX), and so do the faster decode attention kernel and whether packed
+weights pay (decoder.py), so all are measured: a few interleaved forwards of the actual model, per (dtype,
+attention kernel, linear kind), at batch 1 and a larger batch. The answer is cached in the bebop cache dir, keyed by everything that changes it: CPU
 model, torch version, model name, thread count (and the accelerator's name when the model is on one).
 Only the model runs in bf16: sampling distributions are computed in fp32 (model.logits, bebop.sampling).
 """
@@ -19,10 +19,10 @@ import torch
 from tqdm import tqdm
 
 from bebop.checkpoint import write_text_atomic
-from bebop.models.decoder import ATTENTION_KINDS, Decoder
+from bebop.models.decoder import ATTENTION_KINDS, LINEAR_KINDS, Decoder, packs_weights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-CACHE_FILE = "dtype-probe-v2.json"  # v2: a kernel for one new token and one for several
+CACHE_FILE = "dtype-probe-v3.json"  # v2: a kernel for one new token and one for several; v3: linear kind
 # (batch, new tokens per row) of the probe: plain decoding alone and batched, and a K=3 verification step
 SHAPES = ((1, 1), (8, 1), (8, 4))
 PREFIX = 128  # cached tokens per row the probe attends over
@@ -66,48 +66,60 @@ def time_forward(model: Decoder, batch: int, new_tokens: int) -> float:
     return time.perf_counter() - start
 
 
+def linear_kinds(dtype: torch.dtype, device: torch.device) -> tuple[str, ...]:
+    return LINEAR_KINDS if packs_weights(dtype, device) else ("plain",)
+
+
 def probe(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPEATS) -> dict:
-    """Time every (dtype, attention kernel) on every shape, interleaved (each repetition runs every config in a
-    rotated order, after one warm-up pass); each shape's time is its fastest repetition (load from other
-    processes only adds time). Per dtype, the kernel for one new token is the fastest on the shapes with one
-    new token, the kernel for several the fastest on the others (geometric means); the dtype is the one whose
-    kernels give the smaller geometric mean over all shapes.
-    Returns {"dtype", "attention": [one-token kernel, few-token kernel], "attention_for": {dtype: that pair},
-    "shapes", "ms": {config: [ms per shape]}}."""
+    """Time every (dtype, attention kernel, linear kind) on every shape, interleaved (each repetition runs every
+    config in a rotated order, after one warm-up pass); each shape's time is its fastest repetition (load from
+    other processes only adds time). Per dtype and linear kind, the kernel for one new token is the fastest on
+    the shapes with one new token, the kernel for several the fastest on the others (geometric means); per
+    dtype, the linear kind is the one whose kernels give the smaller geometric mean over all shapes (packed
+    and plain compute the same products, so the faster simply wins); the dtype is then chosen the same way.
+    Returns {"dtype", "attention": [one-token kernel, few-token kernel], "linear", "attention_for": {dtype:
+    that pair}, "linear_for": {dtype: kind}, "shapes", "ms": {config: [ms per shape]}}."""
     models = {"float32": model if model.embed.weight.dtype == torch.float32 else copy.deepcopy(model).float()}
     models["bfloat16"] = copy.deepcopy(models["float32"]).to(torch.bfloat16)
-    configs = [(d, a) for d in DTYPES for a in ATTENTION_KINDS]
+    device = model.embed.weight.device
+    configs = [(d, a, lin) for d in DTYPES for lin in linear_kinds(DTYPES[d], device) for a in ATTENTION_KINDS]
     times = {c: [[] for _ in shapes] for c in configs}
-    saved = model.attention
+    saved = model.attention, model.linear
     try:
         with tqdm(total=(repeats + 1) * len(configs) * len(shapes), desc="dtype probe", unit="fwd", leave=False) as bar:
             for rep in range(repeats + 1):
                 for j, shape in enumerate(shapes):
                     for i in range(len(configs)):
-                        d, a = configs[(i + rep + j) % len(configs)]
-                        models[d].attention = (a, a)
+                        d, a, lin = configs[(i + rep + j) % len(configs)]
+                        models[d].attention, models[d].linear = (a, a), lin
                         t = timer(models[d], *shape)
                         if rep > 0:  # repetition 0 warms up allocations and kernels
-                            times[(d, a)][j].append(t)
+                            times[(d, a, lin)][j].append(t)
                         bar.update(1)
     finally:
-        model.attention = saved
+        model.attention, model.linear = saved
     ms = {c: [1e3 * min(ts) for ts in times[c]] for c in configs}
     phases = [[j for j, (_, t) in enumerate(shapes) if (t > 1) == several] for several in (False, True)]
 
     def geomean(xs):
         return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else 1.0
 
-    def kernel(d, phase):  # SDPA, the fused kernel, unless another is clearly faster on this phase's shapes
-        score = {a: geomean([ms[(d, a)][j] for j in phase]) for a in ATTENTION_KINDS}
+    def kernel(d, lin, phase):  # SDPA, the fused kernel, unless another is clearly faster on this phase's shapes
+        score = {a: geomean([ms[(d, a, lin)][j] for j in phase]) for a in ATTENTION_KINDS}
         best = min(score, key=score.get)
         return best if score[best] < MARGIN * score["sdpa"] else "sdpa"
 
-    pairs = {d: [kernel(d, phase) for phase in phases] for d in DTYPES}
-    score = {d: geomean([ms[(d, pairs[d][shapes[j][1] > 1])][j] for j in range(len(shapes))]) for d in DTYPES}
+    def overall(d, lin, pair):
+        return geomean([ms[(d, pair[shapes[j][1] > 1], lin)][j] for j in range(len(shapes))])
+
+    pairs = {(d, lin): [kernel(d, lin, phase) for phase in phases] for d, _, lin in configs}
+    linear = {d: min(linear_kinds(DTYPES[d], device), key=lambda lin: overall(d, lin, pairs[(d, lin)])) for d in DTYPES}
+    score = {d: overall(d, linear[d], pairs[(d, linear[d])]) for d in DTYPES}
     pick = "bfloat16" if score["bfloat16"] < MARGIN * score["float32"] else "float32"
-    return {"dtype": pick, "attention": pairs[pick], "attention_for": pairs,
-            "shapes": [list(s) for s in shapes], "ms": {f"{d}/{a}": ms[(d, a)] for d, a in configs}}
+    attention_for = {d: pairs[(d, linear[d])] for d in DTYPES}
+    return {"dtype": pick, "attention": attention_for[pick], "linear": linear[pick], "attention_for": attention_for,
+            "linear_for": linear, "shapes": [list(s) for s in shapes],
+            "ms": {f"{d}/{a}/{lin}": ms[(d, a, lin)] for d, a, lin in configs}}
 
 
 def read_cache(cache_dir) -> dict:

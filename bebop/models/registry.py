@@ -183,16 +183,15 @@ def load_model(name: str, max_len: int | None = None, dtype: str = "float32"):
         decoder = Decoder.from_hf(hf, max_len=max_len)
     except ValueError as e:
         raise BebopError(f"cannot load '{name}': {e}") from None
+    decoder.name = name
     if dtype == "auto":
         choice = probed_choice(decoder, name)  # None for the seeded test models: fp32, fast and exact
         dtype = choice["dtype"] if choice else "float32"
-        decoder.attention = tuple(choice["attention"]) if choice else decoder.attention
-    else:  # a forced dtype still gets the faster decode kernel if this machine was probed
-        key = auto_dtype.probe_key(probe_name(name), decoder.embed.weight.device)
-        known = auto_dtype.read_cache(cache_dir()).get(key)
-        decoder.attention = tuple(known["attention_for"][dtype]) if known else decoder.attention
+        if choice:
+            decoder.attention, decoder.linear = tuple(choice["attention"]), choice["linear"]
+    else:  # a forced dtype still gets the faster kernels if this machine was probed
+        decoder.attention, decoder.linear = probed_kernels(decoder, dtype)
     decoder = decoder.to(DTYPES[dtype])
-    decoder.name = name
     decoder.eos_ids = eos_ids(tok, hf.generation_config)
     return decoder, tok
 
@@ -203,6 +202,16 @@ def probed_choice(decoder, name: str) -> dict | None:
     if name in TINY:
         return None
     return auto_dtype.choose(decoder, probe_name(name), cache_dir())
+
+
+def probed_kernels(decoder, dtype: str) -> tuple[tuple[str, str], str]:
+    """(attention kernels, linear kind) the probe chose for `dtype` on this machine for this model, or the
+    decoder's own where it was never probed (a forced dtype, a copy of the model in another dtype)."""
+    key = auto_dtype.probe_key(probe_name(decoder.name), decoder.embed.weight.device) if decoder.name else None
+    known = auto_dtype.read_cache(cache_dir()).get(key) if key else None
+    if not known:
+        return decoder.attention, decoder.linear
+    return tuple(known["attention_for"][dtype]), known["linear_for"][dtype]
 
 
 def probe_name(name: str) -> str:

@@ -32,6 +32,7 @@ from bebop.engine import generate
 from bebop.errors import BebopError
 from bebop.mtp import MTP
 from bebop.models.decoder import Decoder
+from bebop.models.registry import probed_kernels
 from bebop.rl import grpo
 from bebop.rl.config import RLConfig
 from bebop.rl.trainer import MTP_LOSS, Sample, mtp_step, policy_step, probe_bf16
@@ -51,10 +52,12 @@ def mtp_state(mtp: MTP | None) -> dict:
     return {} if mtp is None else {k: v.detach() for k, v in mtp.state_dict().items() if k != "vocab_ids"}
 
 
-def model_spec(policy: Decoder, mtp: MTP | None) -> dict:
-    """What a worker needs to build empty copies of the policy and MTP (plain, picklable data)."""
-    return {"cfg": policy.cfg, "name": policy.name, "eos_ids": list(policy.eos_ids),
-            "device": str(policy.embed.weight.device),
+def model_spec(policy: Decoder, mtp: MTP | None, dtype: str) -> dict:
+    """What a worker needs to build empty copies of the policy and MTP in `dtype` (plain, picklable data),
+    with the kernels this machine's probe chose for that dtype."""
+    attention, linear = probed_kernels(policy, dtype)
+    return {"cfg": policy.cfg, "name": policy.name, "eos_ids": list(policy.eos_ids), "attention": attention,
+            "linear": linear, "device": str(policy.embed.weight.device),
             "mtp": None if mtp is None else {"config": copy.deepcopy(mtp.config), "vocab_ids": mtp.vocab_ids.tolist()}}
 
 
@@ -65,6 +68,7 @@ class RolloutWorker:
     def __init__(self, spec: dict, dtype: str, rollout: str, draft_len: int, temperature: float):
         self.model = Decoder(spec["cfg"], max_len=4096).to(spec["device"], DTYPES[dtype]).eval().requires_grad_(False)
         self.model.name, self.model.eos_ids = spec["name"], spec["eos_ids"]
+        self.model.attention, self.model.linear = spec["attention"], spec["linear"]
         self.mtp = None
         if spec["mtp"] is not None:
             self.mtp = MTP(self.model, copy.deepcopy(spec["mtp"]["config"])).to(spec["device"], DTYPES[dtype])
@@ -127,8 +131,8 @@ class WorkerProcess:
         self.shared_mtp = {k: v.to(dt).clone().share_memory_() for k, v in mtp_state(mtp).items()}
         self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
         self.proc = ctx.Process(target=worker_main, daemon=True,
-                                args=(model_spec(policy, mtp), cfg.rollout_dtype, cfg.rollout, cfg.draft_len,
-                                      cfg.temperature, threads, self.shared_policy, self.shared_mtp,
+                                args=(model_spec(policy, mtp, cfg.rollout_dtype), cfg.rollout_dtype, cfg.rollout,
+                                      cfg.draft_len, cfg.temperature, threads, self.shared_policy, self.shared_mtp,
                                       self.inbox, self.outbox))
         self.proc.start()
         self.reply()
@@ -302,7 +306,8 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
     if one_step:
         worker = WorkerProcess(policy, mtp, cfg, total // 2)
     else:
-        worker = LocalWorker(model_spec(policy, mtp), cfg.rollout_dtype, cfg.rollout, cfg.draft_len, cfg.temperature)
+        worker = LocalWorker(model_spec(policy, mtp, cfg.rollout_dtype), cfg.rollout_dtype, cfg.rollout,
+                             cfg.draft_len, cfg.temperature)
     rows = []
     try:
         worker.load_weights(policy_state(policy), mtp_state(mtp), start)
