@@ -16,6 +16,14 @@ from bebop.models.decoder import Decoder
 torch.set_num_threads(int(os.environ.get("BEBOP_TEST_THREADS", "1")))
 
 
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory, monkeypatch):
+    """Every test's probes and cost tables go to one cache for the session, not the user's ~/.cache/bebop:
+    a test must not leave entries for its temporary models there, nor read the machine's real probes (CI
+    starts with none). A test that sets BEBOP_CACHE itself overrides this."""
+    monkeypatch.setenv("BEBOP_CACHE", str(tmp_path_factory.getbasetemp() / "bebop-cache"))
+
+
 def _build(name):
     hf, tok = registry.load_hf(name)
     decoder = Decoder.from_hf(hf)
