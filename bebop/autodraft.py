@@ -154,6 +154,18 @@ class StepCosts:
         self.ratio_n += 1
 
 
+def step_costs_for(target, mtp, max_k: int) -> StepCosts:
+    """The StepCosts of this target, its kernels and this MTP, kept on the MTP across generate calls: a process
+    that generates again and again (RL rollouts, bench repetitions) measures plain steps and each K once, not
+    once per call. Per call, the two forced plain steps per batch bucket cost a draining 32-row RL batch up to
+    12 plain steps (buckets 32 down to 1) out of its ~60."""
+    kept = mtp.__dict__.setdefault("_step_costs", {})
+    key = (id(target), str(target.embed.weight.dtype), tuple(target.attention), target.linear, max_k)
+    if key not in kept:
+        kept[key] = StepCosts(target, mtp, max_k)
+    return kept[key]
+
+
 class Acceptance:
     """Running estimate of the conditional acceptance alpha_i of draft i = 1..max_k, from past steps only.
 

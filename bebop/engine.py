@@ -32,7 +32,7 @@ from itertools import islice
 import torch
 from tqdm import tqdm
 
-from bebop.autodraft import Acceptance, StepCosts, choose_draft_len
+from bebop.autodraft import Acceptance, choose_draft_len, step_costs_for
 from bebop.errors import BebopError
 from bebop.models.decoder import Decoder
 from bebop.mtp import MTP, target_forward
@@ -191,7 +191,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     out = [Rollout(i) for i in range(N)]
     stats = SpecStats(draft_len=K_max, accepted_at=[0] * K_max)
     acceptance = Acceptance(K_max) if auto and spec else None
-    costs = StepCosts(target, mtp, K_max) if auto and spec else None  # probed, then measured
+    costs = step_costs_for(target, mtp, K_max) if auto and spec else None  # probed, then measured
     vocab_ids = mtp.vocab_ids if spec and len(mtp.vocab_ids) else None
     eos_set = set(target.eos_ids if eos_ids is None else eos_ids)
     eos_t = torch.tensor(sorted(eos_set), dtype=torch.long)

@@ -97,3 +97,28 @@ def test_probe_buckets_covers_every_bucket_a_draining_batch_passes(monkeypatch):
     monkeypatch.setattr(autodraft, "step_costs", lambda target, mtp, batch, max_k: seen.append((batch, max_k)))
     autodraft.probe_buckets(None, None, 5, 3)
     assert seen == [(1, 3), (2, 3), (4, 3), (8, 3)]
+
+
+def test_step_costs_are_kept_across_generate_calls(tiny_llama, tmp_path, monkeypatch):
+    """The forced plain steps and the measured costs belong to the (target, kernels, MTP, max K), not to one
+    generate call: a second call at the same batch size takes no forced plain step."""
+    import copy
+
+    model, tok = tiny_llama
+    mtp = new_mtp(model, seed=4)
+    monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
+    plain_steps = []
+    real = autodraft.StepCosts.wants_baseline
+    monkeypatch.setattr(autodraft.StepCosts, "wants_baseline",
+                        lambda self, batch: plain_steps.append(real(self, batch)) or plain_steps[-1])
+    prompts = [chat_ids(tok, "hello")] * 2
+    generate(model, prompts, 8, mode="spec", mtp=mtp, draft_len="auto", max_draft_len=2, eos_ids=[])
+    first = autodraft.step_costs_for(model, mtp, 2)
+    assert plain_steps.count(True) == 2 and first.measured[(2, 0)][1] >= 2  # two forced plain steps, measured
+    plain_steps.clear()
+    generate(model, prompts, 8, mode="spec", mtp=mtp, draft_len="auto", max_draft_len=2, eos_ids=[])
+    assert plain_steps and not any(plain_steps) and autodraft.step_costs_for(model, mtp, 2) is first
+    assert autodraft.step_costs_for(model, mtp, 3) is not first  # another max K: its own costs
+    other = copy.deepcopy(model)
+    other.attention = ("matmul", "matmul")  # other kernels cost otherwise
+    assert autodraft.step_costs_for(other, mtp, 2) is not first

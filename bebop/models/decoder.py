@@ -117,8 +117,10 @@ def apply_rope(x, cos, sin):
 
 def packs_weights(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether torch's oneDNN linear can take a pre-packed weight of this dtype here (bf16 on a CPU)."""
-    return device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available() \
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    return device.type == "cpu" and dtype == torch.bfloat16 and MKLDNN_PACKS
+
+
+MKLDNN_PACKS = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
 class Linear(nn.Linear):
