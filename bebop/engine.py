@@ -108,6 +108,15 @@ def right_pad(seqs: list[list[int]], pad: int = 0) -> torch.Tensor:
     return out
 
 
+def compaction(n_rows: int, gone: set[int]) -> torch.Tensor:
+    """The rows to keep, in their new order, when the rows `gone` finish: a surviving row keeps its place
+    unless it lies beyond the new batch size, in which case it fills a finished row's slot (so the KV cache
+    copies one row per finished row, not the whole batch; KVCache.keep_rows)."""
+    n = n_rows - len(gone)
+    movers = [r for r in range(n, n_rows) if r not in gone]
+    return torch.tensor([movers.pop() if r in gone else r for r in range(n)], dtype=torch.long)
+
+
 def entropy(probs: torch.Tensor) -> torch.Tensor:
     return -torch.special.xlogy(probs, probs).sum(-1)
 
@@ -310,8 +319,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     free = fill(range(B))
     while True:
         if free:  # the queue is empty: drop finished rows so later forwards do no work for them
-            gone = set(free)
-            keep = torch.tensor([r for r in range(len(active)) if r not in gone], dtype=torch.long)
+            keep = compaction(len(active), set(free))
             if len(keep) == 0:
                 break
             active, gens = [active[r] for r in keep], [gens[r] for r in keep]

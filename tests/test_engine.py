@@ -550,3 +550,12 @@ def test_request_filling_the_whole_context(warm, draft_len, monkeypatch):
     assert gen.stats.accepted > 0
     with pytest.raises(BebopError, match="context"):
         generate(short, [prompt], 13, greedy, mode="ar", eos_ids=[])
+
+
+def test_compaction_fills_finished_slots_with_the_last_rows():
+    from bebop.engine import compaction
+
+    assert compaction(6, {1, 4}).tolist() == [0, 5, 2, 3]  # row 5 moves into 1; 4 is beyond the new size
+    assert compaction(4, {0, 1}).tolist() == [3, 2]
+    assert compaction(3, set()).tolist() == [0, 1, 2] and compaction(2, {0, 1}).tolist() == []
+    assert compaction(5, {4}).tolist() == [0, 1, 2, 3]  # the last row finishing moves nothing

@@ -257,3 +257,18 @@ def test_packed_linear_computes_what_f_linear_does(load_models):
         x = torch.randn(2, model.cfg.dim, dtype=torch.bfloat16, requires_grad=True)
         model.layers[0].wo(x).sum().backward()  # the packed path has no backward: this must be F.linear
     assert x.grad is not None
+
+
+def test_kv_cache_keep_rows_moves_only_what_changes_place():
+    from bebop.models.decoder import KVCache
+
+    cache = KVCache(2, 5, 1, 4, 3)
+    cache.k.copy_(torch.arange(5.0).view(1, 5, 1, 1, 1).expand_as(cache.k))  # every entry of row r holds r
+    cache.v.copy_(-cache.k)
+    cache.lengths = torch.tensor([10, 11, 12, 13, 14])
+    for rows, want in ((torch.tensor([0, 4, 2]), [0, 4, 2]), (torch.tensor([2, 0]), [2, 0]), (torch.tensor([1]), [0])):
+        cache.keep_rows(rows)
+        assert cache.k.shape[1] == len(rows) and cache.k[0].is_contiguous()
+        assert [int(cache.k[1, i].unique()) for i in range(len(rows))] == want  # rows as named, each whole
+        torch.testing.assert_close(cache.v, -cache.k)
+    assert cache.lengths.tolist() == [10]  # [10, 14, 12] -> [12, 10] -> [10]

@@ -76,9 +76,17 @@ class KVCache:
         return self.k.shape[3]
 
     def keep_rows(self, rows: torch.Tensor) -> None:
-        """Drop finished rows so later forwards do no work for them."""
-        self.k = self.k[:, rows].contiguous()
-        self.v = self.v[:, rows].contiguous()
+        """Keep rows `rows` [n], in that order, as rows 0..n-1, so later forwards do no work for the others.
+        Only rows that change place are copied (the engine fills a finished row's slot with one of the last
+        rows), then the buffers become views of their first n rows: each layer's block stays contiguous. A
+        copy of the whole cache per finished row cost a 32-row batch ~13 ms per EOS."""
+        n = len(rows)
+        dst = (rows != torch.arange(n, device=rows.device)).nonzero().squeeze(1)
+        if len(dst):
+            src = rows[dst]  # read before any write: the right-hand side is gathered first
+            self.k[:, dst] = self.k[:, src]
+            self.v[:, dst] = self.v[:, src]
+        self.k, self.v = self.k[:, :n], self.v[:, :n]
         self.lengths = self.lengths[rows]
 
     def write_rows(self, rows: torch.Tensor, src: "KVCache", src_rows: torch.Tensor) -> None:
