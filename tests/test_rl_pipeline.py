@@ -126,3 +126,23 @@ def test_online_mtp_with_feature_layers_trains_and_syncs(tmp_path):
     after = mtp.state_dict()
     assert not torch.equal(before["fc.weight"], after["fc.weight"])
     assert not torch.equal(before["eh_proj.weight"], after["eh_proj.weight"])
+
+
+def test_rollout_worker_runs_the_kernels_probed_for_its_dtype(tmp_path, monkeypatch):
+    """The rollout copy is built bare from the policy's config: it must still run the attention kernels and
+    linear kind this machine's probe chose for the rollout dtype (not the fp32 policy's, not the defaults)."""
+    from bebop.models import dtype as auto_dtype
+    from bebop.models.decoder import Linear
+    from bebop.rl.pipeline import LocalWorker, model_spec
+
+    monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
+    policy, _ = load_model("tiny-llama")
+    key = auto_dtype.probe_key("tiny-llama", policy.embed.weight.device)
+    (tmp_path / auto_dtype.CACHE_FILE).write_text(json.dumps({key: {
+        "attention_for": {"float32": ["sdpa", "matmul"], "bfloat16": ["folded", "matmul"]},
+        "linear_for": {"float32": "plain", "bfloat16": "packed"}}}))
+    mtp = new_mtp(policy, seed=1)
+    worker = LocalWorker(model_spec(policy, mtp, "bfloat16"), "bfloat16", "spec", 2, 1.0)
+    assert worker.model.attention == ("folded", "matmul") and worker.model.linear == "packed"
+    assert all(m.pack for m in worker.mtp.modules() if isinstance(m, Linear))  # the MTP multiplies alike
+    assert policy.attention == ("sdpa", "sdpa") and policy.linear == "plain"  # the fp32 policy is untouched
