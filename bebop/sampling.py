@@ -61,12 +61,18 @@ def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return idx.clamp_(max=probs.shape[-1] - 1)
 
 
-def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def residual(p: torch.Tensor, q: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Unnormalised residual max(p - q, 0); where it is (numerically) empty, p = q and any rejection there
-    has probability ~0, so fall back to p itself rather than to an empty distribution."""
-    r = (p - q).clamp_min(0.0)
+    has probability ~0, so fall back to p itself rather than to an empty distribution.
+    With `vocab_ids`, q [..., Vd] lives on those ids and is 0 elsewhere, where max(p - 0, 0) = p: only the
+    draft vocabulary's columns are computed (the same values as scattering q to the full vocabulary)."""
+    if vocab_ids is None:
+        r = (p - q).clamp_min(0.0)
+    else:
+        r = p.clone()
+        r[..., vocab_ids] = (p[..., vocab_ids] - q.to(p.dtype)).clamp_min(0.0)
     empty = r.sum(-1, keepdim=True) <= 1e-12
-    return torch.where(empty, p, r)
+    return torch.where(empty, p, r) if bool(empty.any()) else r
 
 
 def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, final_u, vocab_ids=None):
@@ -97,9 +103,9 @@ def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, 
     num_accepted = accepted.long().cumprod(-1).sum(-1)
     stop = num_accepted.clamp(max=K - 1)  # the rejected position, or any valid index when all accepted
     p_stop, q_stop = target_probs[rows, stop], draft_probs[rows, stop]
-    if vocab_ids is not None:
-        q_stop = torch.zeros_like(p_stop).index_copy_(-1, vocab_ids, q_stop.to(p_stop.dtype))
-    correction = torch.where((num_accepted < K).unsqueeze(-1), residual(p_stop, q_stop), target_probs[:, K])
+    correction = residual(p_stop, q_stop) if vocab_ids is None else residual(p_stop, q_stop, vocab_ids)
+    bonus = num_accepted == K  # all K accepted: the bonus token comes from p_{K+1} instead
+    correction[bonus] = target_probs[bonus, K]  # (a fresh tensor: the residual's own, rows copied only where due)
     last = sample(correction, final_u)
     tokens = torch.full((B, K + 1), -1, dtype=torch.long)
     keep = torch.arange(K).unsqueeze(0) < num_accepted.unsqueeze(1)
