@@ -134,7 +134,7 @@ MKLDNN_PACKS = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn
 class Linear(nn.Linear):
     """nn.Linear that can keep a copy of its weight in oneDNN's blocked layout (`pack`), used outside autograd.
     torch's bf16 CPU matmul otherwise lays the whole weight out again on every call: at decode batch sizes
-    that is a second pass over the weights, and the packed product took 0.65-0.8x the time on this Intel Xeon
+    that is a second pass over the weights, and the packed product took 0.55-0.8x the time on this Intel Xeon
     (issue 7). The results agree with F.linear's (tests/test_models.py); the copy is rebuilt whenever the weight
     changes: in-place updates (an optimiser step, a weight sync) bump its version, `.to()` replaces it."""
 
