@@ -3,8 +3,9 @@
 Whether bf16 pays depends on the CPU (the same model decoded 2x faster in bf16 on an AMD EPYC with avx512_bf16
 and 1.4x slower on an Intel Xeon with AMX), and so do the faster decode attention kernel and whether packed
 weights pay (decoder.py), so all are measured: a few interleaved forwards of the actual model, per (dtype,
-attention kernel, linear kind), at batch 1 and a larger batch. The answer is cached in the bebop cache dir, keyed by everything that changes it: CPU
-model, torch version, model name, thread count (and the accelerator's name when the model is on one).
+attention kernel, linear kind), at batch 1 and 16. The answer is cached in the bebop cache dir, keyed by
+everything that changes it: CPU model, torch version, model name, thread count (and the accelerator's name when
+the model is on one).
 Only the model runs in bf16: sampling distributions are computed in fp32 (model.logits, bebop.sampling).
 """
 
