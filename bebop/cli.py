@@ -451,7 +451,8 @@ def add_rl_args(p):
     p.add_argument("--mtp-strategy", default=d.mtp_strategy, help=f"{'|'.join(MTP_STRATEGIES)}")
     p.add_argument("--mtp-learning-rate", type=float, default=d.mtp_learning_rate)
     p.add_argument("--async-mode", default=d.async_mode, help=f"{'|'.join(ASYNC_MODES)}")
-    p.add_argument("--rollout-dtype", default=d.rollout_dtype, help=f"{'|'.join(DTYPES)}")
+    p.add_argument("--rollout-dtype", default=d.rollout_dtype,
+                   help=f"auto|{'|'.join(DTYPES)} (auto: as --dtype auto chooses for the model on this machine)")
     p.add_argument("--threads", type=int, default=d.threads, help="torch threads in all (0: the usable CPUs); "
                                                                    "one-step splits them between the two processes")
     p.add_argument("--eval-every", type=int, default=d.eval_every, help="held-out evaluation period (0: first/last)")

@@ -28,7 +28,8 @@ EVAL = [ToyTask(p) for p in ("say bye", "name a tree")]
 
 def small(**kw):
     base = dict(model="tiny-llama", steps=3, prompts_per_step=2, num_generations=3, max_completion_length=10,
-                learning_rate=1e-3, micro_batch_size=4, autocast="off", rollout="spec", eval_prompts=2, threads=2)
+                learning_rate=1e-3, micro_batch_size=4, autocast="off", rollout="spec", eval_prompts=2, threads=2,
+                rollout_dtype="bfloat16")
     return RLConfig(**{**base, **kw})
 
 
@@ -146,3 +147,18 @@ def test_rollout_worker_runs_the_kernels_probed_for_its_dtype(tmp_path, monkeypa
     assert worker.model.attention == ("folded", "matmul") and worker.model.linear == "packed"
     assert all(m.pack for m in worker.mtp.modules() if isinstance(m, Linear))  # the MTP multiplies alike
     assert policy.attention == ("sdpa", "sdpa") and policy.linear == "plain"  # the fp32 policy is untouched
+
+
+def test_rollout_dtype_auto_is_the_probes_choice_and_kept_on_resume(tmp_path):
+    """--rollout-dtype auto (the default) rolls out in the dtype --dtype auto picks: fp32 for the seeded test
+    models, which are never probed. run.json records it, and a resumed run keeps it."""
+    cfg = small(steps=1, rollout_dtype="auto", async_mode="off")
+    _, rows = run(cfg, tmp_path / "run")
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["rollout_dtype"] == "float32"
+    assert rows[0]["logprob_mismatch"] < 1e-4  # fp32 rollouts, fp32 training: the same numbers
+    meta["rollout_dtype"] = "bfloat16"  # as if the probe had chosen bf16 when the run started
+    (tmp_path / "run" / "run.json").write_text(json.dumps(meta))
+    _, more = run(small(steps=2, rollout_dtype="auto", async_mode="off"), tmp_path / "run", resume=True)
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["rollout_dtype"] == "bfloat16"
+    assert more[-1]["logprob_mismatch"] > 1e-4  # the resumed run rolled out in bf16, as recorded

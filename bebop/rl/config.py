@@ -43,7 +43,7 @@ class RLConfig:
     mtp_strategy: str = "frozen"
     mtp_learning_rate: float = 1e-4
     async_mode: str = "off"
-    rollout_dtype: str = "bfloat16"
+    rollout_dtype: str = "auto"  # auto: the dtype the --dtype auto probe chose for the model on this machine
     threads: int = 0  # total torch threads; 0 = the CPUs this process may use. one-step splits them
     eval_every: int = 0  # 0 = only before and after the run
     eval_prompts: int = 32
@@ -60,7 +60,7 @@ class RLConfig:
     def validate(self) -> "RLConfig":
         choices = {"loss_type": LOSS_TYPES, "rollout": ROLLOUTS, "mtp_strategy": MTP_STRATEGIES,
                    "async_mode": ASYNC_MODES, "scale_rewards": SCALE_REWARDS, "autocast": AUTOCAST,
-                   "rollout_dtype": DTYPES}
+                   "rollout_dtype": ("auto", *DTYPES)}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise BebopError(f"--{flag(name)} must be one of {', '.join(allowed)}, got '{getattr(self, name)}'")

@@ -32,7 +32,7 @@ from bebop.engine import generate
 from bebop.errors import BebopError
 from bebop.mtp import MTP
 from bebop.models.decoder import Decoder
-from bebop.models.registry import probed_kernels
+from bebop.models.registry import probed_choice, probed_kernels
 from bebop.rl import grpo
 from bebop.rl.config import RLConfig
 from bebop.rl.trainer import MTP_LOSS, Sample, mtp_step, policy_step, probe_bf16
@@ -124,15 +124,15 @@ class WorkerProcess:
     """A RolloutWorker in a spawned process. Weights travel through shared-memory tensors (written by the
     trainer, copied in by the worker on 'load'): no file round-trip, no pickling of weights per step."""
 
-    def __init__(self, policy, mtp, cfg: RLConfig, threads: int):
+    def __init__(self, policy, mtp, cfg: RLConfig, dtype: str, threads: int):
         ctx = mp.get_context("spawn")
-        dt = DTYPES[cfg.rollout_dtype]
+        dt = DTYPES[dtype]
         self.shared_policy = {k: v.to(dt).clone().share_memory_() for k, v in policy_state(policy).items()}
         self.shared_mtp = {k: v.to(dt).clone().share_memory_() for k, v in mtp_state(mtp).items()}
         self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
         self.proc = ctx.Process(target=worker_main, daemon=True,
-                                args=(model_spec(policy, mtp, cfg.rollout_dtype), cfg.rollout_dtype, cfg.rollout,
-                                      cfg.draft_len, cfg.temperature, threads, self.shared_policy, self.shared_mtp,
+                                args=(model_spec(policy, mtp, dtype), dtype, cfg.rollout, cfg.draft_len,
+                                      cfg.temperature, threads, self.shared_policy, self.shared_mtp,
                                       self.inbox, self.outbox))
         self.proc.start()
         self.reply()
@@ -281,13 +281,20 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
         mtp.requires_grad_(True)
         mtp_opt = torch.optim.AdamW([p for p in mtp.parameters() if p.requires_grad], lr=cfg.mtp_learning_rate)
 
-    if resume:  # the probe's verdict is part of the run: a resumed run keeps it
-        use_bf16, probe = json.loads((out / "run.json").read_text())["use_bf16"], "resumed"
-    elif cfg.autocast == "auto":
-        use_bf16, probe = probe_bf16(policy, cfg.micro_batch_size, 64)
+    if resume:  # the probes' verdicts are part of the run: a resumed run keeps them
+        saved = json.loads((out / "run.json").read_text())
+        use_bf16, probe = saved["use_bf16"], "resumed"
+        rollout_dtype = saved.get("rollout_dtype", "bfloat16")  # (runs from before "auto" rolled out in bf16)
     else:
-        use_bf16, probe = cfg.autocast == "bf16", None
-    meta = {"use_bf16": use_bf16, "probe": probe, "train_threads": train_threads,
+        if cfg.autocast == "auto":
+            use_bf16, probe = probe_bf16(policy, cfg.micro_batch_size, 64)
+        else:
+            use_bf16, probe = cfg.autocast == "bf16", None
+        rollout_dtype = cfg.rollout_dtype
+        if rollout_dtype == "auto":  # what --dtype auto would run the model in (probed once per machine)
+            choice = probed_choice(policy, policy.name) if policy.name else None
+            rollout_dtype = choice["dtype"] if choice else "float32"
+    meta = {"use_bf16": use_bf16, "probe": probe, "rollout_dtype": rollout_dtype, "train_threads": train_threads,
             "rollout_threads": total // 2 if one_step else total}
     (out / "run.json").write_text(json.dumps(meta, indent=1))
 
@@ -304,10 +311,10 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
                 path.write_text("".join(r + "\n" for r in rows))
 
     if one_step:
-        worker = WorkerProcess(policy, mtp, cfg, total // 2)
+        worker = WorkerProcess(policy, mtp, cfg, rollout_dtype, total // 2)
     else:
-        worker = LocalWorker(model_spec(policy, mtp, cfg.rollout_dtype), cfg.rollout_dtype, cfg.rollout,
-                             cfg.draft_len, cfg.temperature)
+        worker = LocalWorker(model_spec(policy, mtp, rollout_dtype), rollout_dtype, cfg.rollout, cfg.draft_len,
+                             cfg.temperature)
     rows = []
     try:
         worker.load_weights(policy_state(policy), mtp_state(mtp), start)
