@@ -62,16 +62,6 @@ class KVCache:
         self.lengths = torch.zeros(batch, dtype=torch.long)
 
     @property
-    def linear(self) -> str:
-        """How the linear layers multiply (LINEAR_KINDS): chosen per machine at load, like `attention`."""
-        return self.__dict__.get("_linear", "plain")
-
-    @linear.setter
-    def linear(self, kind: str):
-        set_linear(self, kind)
-        self.__dict__["_linear"] = kind
-
-    @property
     def max_len(self) -> int:
         return self.k.shape[3]
 
