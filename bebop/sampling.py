@@ -103,7 +103,7 @@ def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, 
     num_accepted = accepted.long().cumprod(-1).sum(-1)
     stop = num_accepted.clamp(max=K - 1)  # the rejected position, or any valid index when all accepted
     p_stop, q_stop = target_probs[rows, stop], draft_probs[rows, stop]
-    correction = residual(p_stop, q_stop) if vocab_ids is None else residual(p_stop, q_stop, vocab_ids)
+    correction = residual(p_stop, q_stop, vocab_ids)
     bonus = num_accepted == K  # all K accepted: the bonus token comes from p_{K+1} instead
     correction[bonus] = target_probs[bonus, K]  # (a fresh tensor: the residual's own, rows copied only where due)
     last = sample(correction, final_u)

@@ -153,7 +153,7 @@ def test_spec_with_a_two_block_eagle3_mtp_matches_exact_distribution(sharp):
 def test_exactness_check_catches_a_wrong_residual(sharp, mode, monkeypatch):
     """An engine that resamples from p (not norm(max(p - q, 0))) after a rejection must fail the check."""
     model, mtp, prompt, exact, _ = sharp
-    monkeypatch.setattr(sampling, "residual", lambda p, q: p)
+    monkeypatch.setattr(sampling, "residual", lambda p, q, vocab_ids=None: p)
     gen = generate(model, [prompt] * ROWS, 3, SHARP, mode=mode, mtp=mtp, draft_len=2, seed=13, eos_ids=[])
     toks = token_matrix(gen)
     assert min(gof(toks[:, j], exact[j]) for j in range(3)) < P_BAD

@@ -92,7 +92,7 @@ def stream(p, q, n, length, seed, greedy=False, sampler=rejection_sample):
     return out, first
 
 
-def residual_from_p(p, q):  # a classic mistake: resample from p after a rejection
+def residual_from_p(p, q, vocab_ids=None):  # a classic mistake: resample from p after a rejection
     return p
 
 
