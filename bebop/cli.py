@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from bebop.errors import BebopError
+from bebop.memory import retain_freed_memory
 
 MODES = ("ar", "spec", "spec-greedy")
 MAX_DRAFT_LEN = 64  # far beyond any useful draft; bounds the per-step buffers
@@ -592,6 +593,7 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    retain_freed_memory()  # this process runs the engine: decode steps reuse freed blocks (bebop.memory)
     try:
         args.func(args)
     except BebopError as e:

@@ -33,6 +33,7 @@ from trl.data_utils import is_conversational
 
 from bebop.engine import MODES, generate
 from bebop.errors import BebopError
+from bebop.memory import retain_freed_memory
 from bebop.models.decoder import Decoder, convert_hf_state_dict
 from bebop.models.registry import DEFAULT_MODEL, DTYPES, load_model
 from bebop.mtp import MTP, default_mtp, load_mtp
@@ -105,6 +106,7 @@ class BebopRollout:
                     raise BebopError(f"unknown dtype '{dtype}' (choose from {', '.join(DTYPES)})")
                 self.decoder.to(DTYPES[dtype])
         self.mode, self.draft_len, self.max_batch, self.seed, self.progress = mode, draft_len, max_batch, seed, progress
+        retain_freed_memory()  # this process will run the engine (bebop.memory)
         self.mtp = None
         if mode != "ar":
             self.mtp = (mtp if isinstance(mtp, MTP) else load_mtp(mtp, self.decoder) if mtp

@@ -30,6 +30,7 @@ from tqdm import tqdm
 from bebop import checkpoint
 from bebop.engine import generate
 from bebop.errors import BebopError
+from bebop.memory import retain_freed_memory
 from bebop.mtp import MTP
 from bebop.models.decoder import Decoder
 from bebop.models.registry import probed_choice, probed_kernels
@@ -103,6 +104,7 @@ class RolloutWorker:
 def worker_main(spec, dtype, rollout, draft_len, temperature, threads, shared_policy, shared_mtp, inbox, outbox):
     """The worker process: a RolloutWorker serving plain-data requests until 'stop'."""
     torch.set_num_threads(threads)
+    retain_freed_memory()  # a spawned process: malloc starts untuned here (bebop.memory)
     try:
         worker = RolloutWorker(spec, dtype, rollout, draft_len, temperature)
         outbox.put({"ready": True})
