@@ -92,6 +92,24 @@ def test_step_costs_are_corrected_by_measured_steps(monkeypatch):
     assert not costs.wants_baseline(16) and costs(16)[0] == pytest.approx(1.5) and costs.wants_baseline(8)
 
 
+def test_plain_steps_are_measured_again_and_old_measurements_fade(monkeypatch):
+    """The baseline is taken again after `refresh` steps without it, and a measurement made many steps ago
+    hardly weighs against a new one (a baseline measured in a generation's first, slow steps must not stay)."""
+    monkeypatch.setattr(autodraft, "step_costs", lambda target, mtp, batch, max_k: [1.0, 1.2, 1.4][:max_k + 1])
+    costs = autodraft.StepCosts(None, None, 2, decay=0.5, refresh=4)
+    costs.record(16, 0, 2.0)
+    costs.record(16, 0, 2.0)
+    wanted = []
+    for _ in range(4):
+        wanted.append(costs.wants_baseline(16))
+        costs.record(16, 1, 1.2)
+    assert wanted == [False] * 4 and costs.wants_baseline(16)
+    costs.record(16, 0, 1.0)
+    assert not costs.wants_baseline(16)
+    assert costs(16)[0] == pytest.approx(0.5 ** 5 * 2.0 + (1 - 0.5 ** 5) * 1.0)  # 5 steps old: weight 1/32
+    assert costs(16)[1] == pytest.approx(1.2)
+
+
 def test_probe_buckets_covers_every_bucket_a_draining_batch_passes(monkeypatch):
     seen = []
     monkeypatch.setattr(autodraft, "step_costs", lambda target, mtp, batch, max_k: seen.append((batch, max_k)))
