@@ -272,3 +272,20 @@ def test_kv_cache_keep_rows_moves_only_what_changes_place():
         assert [int(cache.k[1, i].unique()) for i in range(len(rows))] == want  # rows as named, each whole
         torch.testing.assert_close(cache.v, -cache.k)
     assert cache.lengths.tolist() == [10]  # [10, 14, 12] -> [12, 10] -> [10]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_is_bit_identical_to_transformers_rotate_half(dtype):
+    """The sign of rotate_half lives in our sin table; the products and the sum are the same IEEE operations."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from bebop.models.decoder import DecoderConfig, apply_rope, rope_tables
+
+    cfg = DecoderConfig(vocab_size=8, dim=64, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=32, hidden_dim=8)
+    cos, signed_sin = rope_tables(cfg, 50)
+    positions = torch.tensor([[3, 4, 5], [40, 41, 49]])
+    c, s = cos[positions].unsqueeze(1).to(dtype), signed_sin[positions].unsqueeze(1).to(dtype)
+    sin = torch.cat([s[..., 16:], s[..., 16:]], -1)  # the plain sin table transformers uses
+    q, k = torch.randn(2, 2, 3, 32, dtype=dtype), torch.randn(2, 1, 3, 32, dtype=dtype)
+    ref_q, ref_k = apply_rotary_pos_emb(q, k, c.squeeze(1), sin.squeeze(1))
+    assert torch.equal(apply_rope(q, c, s), ref_q) and torch.equal(apply_rope(k, c, s), ref_k)
