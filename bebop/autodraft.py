@@ -117,10 +117,14 @@ def probe_buckets(target, mtp, max_batch: int, max_k: int) -> None:
 class StepCosts:
     """cost(K) at a batch size: the probed table (see step_costs), corrected online by the measured wall time of
     the steps the engine actually takes. A real step does more than the probe (sampling, bookkeeping, a longer
-    context) and a shared machine's speed drifts: a K measured at least twice at this batch bucket costs its
-    running average, in which a measurement's weight decays with the steps taken at the bucket since (a K not
-    taken for a while is re-learnt from its next measurement); any other K its probed cost times the mean
-    measured/probed ratio so far. The engine takes K = 0 twice per bucket first, and again after every
+    context) and a shared machine's speed drifts, so what is learnt is the ratio of a step's measured time to
+    its probed time at that exact row count (interpolated between the probes at the bucket's ends, b/2 and b:
+    a draining batch crosses a whole bucket, and at 64 rows a step with two drafts cost 145 ms while its
+    running average, taken as rows finished, said 123; the plain steps, all measured at 64 rows, then looked
+    dear). A K measured at least twice at this batch bucket costs its probe times its running average ratio, in
+    which a measurement's weight decays with the steps taken at the bucket since (a K not taken for a while is
+    re-learnt from its next measurement); any other K its probe times the mean ratio so far. The engine takes
+    K = 0 twice per bucket first, and again after every
     `refresh` steps without one (`wants_baseline`): plain decoding is the step every other K must beat, and a
     baseline measured only in a generation's first, slow steps stayed: at batch 64 it stood at 107.6 ms against
     ~90 ms for plain steps later, and drafting was chosen where it did not pay."""
@@ -129,21 +133,28 @@ class StepCosts:
         self.target, self.mtp, self.max_k, self.decay, self.refresh = target, mtp, max_k, decay, refresh
         self.probed = {}  # batch bucket -> probed seconds per K
         self.steps = {}  # batch bucket -> steps recorded at it
-        self.measured = {}  # (batch bucket, K) -> [running average seconds, count, step number when last measured]
+        self.measured = {}  # (batch bucket, K) -> [running average measured/probed, count, step number when last]
         self.ratio_sum, self.ratio_n = 0.0, 0
 
-    def probe(self, batch: int) -> list[float]:
-        b = bucket(batch)
+    def probed_at(self, b: int) -> list[float]:
         if b not in self.probed:
-            self.probed[b] = step_costs(self.target, self.mtp, batch, self.max_k)
+            self.probed[b] = step_costs(self.target, self.mtp, b, self.max_k)
         return self.probed[b]
+
+    def probe(self, batch: int) -> list[float]:
+        """Probed seconds per K at `batch` rows: linear between the probes at batch sizes b/2 and b."""
+        b = bucket(batch)
+        if b == 1:
+            return self.probed_at(1)
+        t = (batch - b // 2) / (b // 2)
+        return [lo + t * (hi - lo) for lo, hi in zip(self.probed_at(b // 2), self.probed_at(b))]
 
     def __call__(self, batch: int) -> list[float]:
         probe, scale = self.probe(batch), self.ratio_sum / self.ratio_n if self.ratio_n else 1.0
         out = []
         for K in range(self.max_k + 1):
             m = self.measured.get((bucket(batch), K))
-            out.append(m[0] if m and m[1] >= 2 else probe[K] * scale)
+            out.append(probe[K] * (m[0] if m and m[1] >= 2 else scale))
         return out
 
     def wants_baseline(self, batch: int) -> bool:
@@ -153,13 +164,14 @@ class StepCosts:
 
     def record(self, batch: int, K: int, seconds: float) -> None:
         b = bucket(batch)
+        ratio = seconds / self.probe(batch)[K]
         n = self.steps[b] = self.steps.get(b, 0) + 1
-        m = self.measured.setdefault((b, K), [seconds, 0, n])
+        m = self.measured.setdefault((b, K), [ratio, 0, n])
         w = self.decay ** (n - m[2])  # measured the step before: `decay`; many steps ago: ~0
-        m[0] = w * m[0] + (1 - w) * seconds if m[1] else seconds
+        m[0] = w * m[0] + (1 - w) * ratio if m[1] else ratio
         m[1] += 1
         m[2] = n
-        self.ratio_sum += seconds / self.probe(batch)[K]
+        self.ratio_sum += ratio
         self.ratio_n += 1
 
 

@@ -92,6 +92,21 @@ def test_step_costs_are_corrected_by_measured_steps(monkeypatch):
     assert not costs.wants_baseline(16) and costs(16)[0] == pytest.approx(1.5) and costs.wants_baseline(8)
 
 
+def test_measured_costs_follow_the_row_count_within_a_bucket(monkeypatch):
+    """33..64 rows share a bucket, but a step at 40 rows is cheaper than one at 64: what is learnt is the ratio
+    to the probe interpolated at the exact row count, so a K measured on a drained batch is not taken for
+    cheap at the full one."""
+    tables = {32: [1.0, 2.0], 64: [2.0, 4.0]}
+    monkeypatch.setattr(autodraft, "step_costs", lambda target, mtp, batch, max_k: tables[batch])
+    costs = autodraft.StepCosts(None, None, 1, decay=0.5)
+    assert costs.probe(48) == [1.5, 3.0] and costs.probe(64) == [2.0, 4.0] and costs.probe(33)[0] > 1.0
+    costs.record(64, 0, 4.0)
+    costs.record(64, 0, 4.0)  # plain steps at the full batch: twice the probe
+    costs.record(40, 1, 3.0)
+    costs.record(40, 1, 3.0)  # drafting steps after rows finished: probe(40) = [1.25, 2.5], so 1.2x the probe
+    assert costs(64) == pytest.approx([4.0, 4.8]) and costs(40) == pytest.approx([2.5, 3.0])
+
+
 def test_plain_steps_are_measured_again_and_old_measurements_fade(monkeypatch):
     """The baseline is taken again after `refresh` steps without it, and a measurement made many steps ago
     hardly weighs against a new one (a baseline measured in a generation's first, slow steps must not stay)."""
