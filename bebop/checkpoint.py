@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from bebop.errors import BebopError
@@ -77,12 +78,16 @@ def save_checkpoint(root, step: int, tensors: dict, state: dict | None = None, m
     for stale in root.glob(".tmp-*"):  # a previous writer died before its commit: never visible, drop it
         shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
-    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp / "tensors.safetensors"))
-    torch.save(state or {}, tmp / "state.pt")
-    (tmp / "meta.json").write_text(json.dumps({**(meta or {}), "step": step}, indent=1))
-    for f in tmp.iterdir():  # the data must be on disk before the rename that publishes it
-        fsync(f)
-    fsync(tmp)
+    try:
+        save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp / "tensors.safetensors"))
+        torch.save(state or {}, tmp / "state.pt")
+        (tmp / "meta.json").write_text(json.dumps({**(meta or {}), "step": step}, indent=1))
+        for f in tmp.iterdir():  # the data must be on disk before the rename that publishes it
+            fsync(f)
+        fsync(tmp)
+    except (OSError, RuntimeError, SafetensorError) as e:  # a full disk fails in each writer's own way
+        shutil.rmtree(tmp, ignore_errors=True)  # the last committed checkpoint stays as it was
+        raise BebopError(f"cannot write a checkpoint under {root}: {e}") from None
     final = root / f"{PREFIX}{step:09d}"
     if final.exists():  # the same step saved again (a rerun): move the old one aside first, rename needs room
         old = Path(tempfile.mkdtemp(prefix=".tmp-old-", dir=root))

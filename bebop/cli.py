@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from safetensors import SafetensorError
+
 from bebop.errors import BebopError
 from bebop.memory import retain_freed_memory
 
@@ -608,6 +610,9 @@ def main(argv=None):
     except OSError as e:  # the disk or the file system refused (full, read-only, vanished): one line, no trace
         where = f" ({e.filename})" if e.filename else ""
         print(f"bebop: error: {e.strerror or e}{where}", file=sys.stderr)
+        sys.exit(2)
+    except SafetensorError as e:  # safetensors' own I/O error (a full disk while saving weights), not an OSError
+        print(f"bebop: error: {e}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -39,6 +39,27 @@ def test_commit_prune_and_stale_temporaries(tmp_path):
         load_checkpoint(root)
 
 
+def test_a_full_disk_is_one_error_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    """safetensors reports a full disk as its own SafetensorError, not an OSError: the CLI printed a traceback
+    mid-run (a `make demo` on a full disk). Now it is a BebopError, the partial write is removed and the last
+    committed checkpoint is untouched."""
+    from safetensors import SafetensorError
+
+    import bebop.checkpoint as checkpoint
+
+    root = tmp_path / "run.ckpt"
+    save_checkpoint(root, 1, {"w": torch.zeros(3)})
+
+    def full(*a, **k):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(checkpoint, "save_file", full)
+    with pytest.raises(BebopError, match="cannot write a checkpoint under .*No space left on device"):
+        save_checkpoint(root, 2, {"w": torch.ones(3)})
+    assert sorted(p.name for p in root.iterdir()) == ["step-000000001"]
+    assert load_checkpoint(root).step == 1
+
+
 def test_write_text_atomic_replaces_whole_files_and_leaves_no_temporary(tmp_path, monkeypatch):
     path = tmp_path / "cache.json"
     write_text_atomic(path, "old")

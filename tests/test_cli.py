@@ -367,3 +367,21 @@ def test_broken_pipe_exits_quietly(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "Traceback" not in err and "error" not in err, err
     stdout.close()  # its descriptor now points at /dev/null: closing it cannot fail
+
+
+def test_a_full_disk_while_saving_weights_is_one_line(tmp_path, capsys, monkeypatch):
+    """safetensors raises its own SafetensorError (not an OSError) when the disk fills while it writes."""
+    from safetensors import SafetensorError
+
+    import bebop.cli as cli
+
+    def full(args):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(cli, "cmd_generate", full)
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "--model", "tiny-llama", "--prompt", "hi", "--max-new-tokens", "3"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "Traceback" not in err
+    assert err.strip().splitlines() == ["bebop: error: Error while serializing: I/O error: No space left on device "
+                                        "(os error 28)"]
