@@ -105,6 +105,14 @@ def tiny_data(out: Path):
 
 def child(argv):  # a forked process: the CLI exactly as `bebop train-mtp ...` runs it
     sys.stderr = open(argv[argv.index("--out") + 1] + ".log", "a")  # kept for a failure's message
+    import threading
+
+    from tqdm import tqdm
+
+    # tqdm's default lock is a multiprocessing semaphore, shared with the parent and every other forked child:
+    # a child SIGKILLed while refreshing its bar held it forever, and the next child hung at its first bar
+    # (seen once in CI, 2026-12-01). A lock of this process's own cannot be left held by another.
+    tqdm.set_lock(threading.RLock())
     from bebop.cli import main
 
     main(argv)
