@@ -124,7 +124,8 @@ def run(argv, kill_after=None) -> tuple[int | None, float | None]:
     ckpt = Path(argv[argv.index("--out") + 1] + ".ckpt")
     had = ckpt.exists()
     t0 = time.time()
-    proc = multiprocessing.get_context("fork").Process(target=child, args=(argv,))
+    # daemon: a child still running when the test fails (a timeout) is killed at exit, not waited for
+    proc = multiprocessing.get_context("fork").Process(target=child, args=(argv,), daemon=True)
     proc.start()
     first = None
     while proc.is_alive() and (kill_after is None or time.time() - t0 < kill_after):
