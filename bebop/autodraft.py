@@ -124,10 +124,10 @@ class StepCosts:
     dear). A K measured at least twice at this batch bucket costs its probe times its running average ratio, in
     which a measurement's weight decays with the steps taken at the bucket since (a K not taken for a while is
     re-learnt from its next measurement); any other K its probe times the mean ratio so far. The engine takes
-    K = 0 twice per bucket first, and again after every
-    `refresh` steps without one (`wants_baseline`): plain decoding is the step every other K must beat, and a
-    baseline measured only in a generation's first, slow steps stayed: at batch 64 it stood at 107.6 ms against
-    ~90 ms for plain steps later, and drafting was chosen where it did not pay."""
+    K = 0 twice per bucket first, and again after every `refresh` steps without one (`wants_baseline`): plain
+    decoding is the step every other K must beat, and a baseline measured only in a generation's first, slow
+    steps stayed: at batch 64 it stood at 107.6 ms against ~90 ms for plain steps later, and drafting was chosen
+    where it did not pay."""
 
     def __init__(self, target, mtp, max_k: int, decay: float = 0.8, refresh: int = 32):
         self.target, self.mtp, self.max_k, self.decay, self.refresh = target, mtp, max_k, decay, refresh

@@ -101,9 +101,10 @@ class MTP(nn.Module):
         Returns MTP hidden states [B, T, d]; like the target, the cache's lengths are left for the caller."""
         positions, mask = step_positions(cache, tokens.shape[1])
         cos, sin = self.target.rope(positions)
+        rows = torch.arange(tokens.shape[0], device=tokens.device).unsqueeze(1)
         x = self.fuse(tokens, hidden)
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, cache.k[i], cache.v[i], positions, mask, self.target.attention)
+            x = block(x, cos, sin, cache.k[i], cache.v[i], positions, rows, mask, self.target.attention)
         return x
 
     # ----- training: K depths unrolled on the MTP's own hidden states, as at inference -----

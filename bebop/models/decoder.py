@@ -197,14 +197,12 @@ class Block(nn.Module):
         gate, up = self.w13(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.w2(F.silu(gate) * up)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, positions, bias, attention=("sdpa", "sdpa"), rows=None):
-        """x [B, T, dim] at `positions` [B, T]; writes this step's k/v into the row's cache slots first,
-        then attends over the cache prefix allowed by the additive `bias` [B, 1, T, S] (0 or -inf).
-        `attention`: the kernels (ATTENTION_KINDS) for one new token and for 2..DECODE_MAX_T new tokens.
-        rows: arange(B)[:, None], which the caller can build once for all layers."""
+    def forward(self, x, cos, sin, k_cache, v_cache, positions, rows, bias, attention=("sdpa", "sdpa")):
+        """x [B, T, dim] at `positions` [B, T] of cache rows `rows` (arange(B)[:, None], built once for all
+        layers); writes this step's k/v into the row's cache slots first, then attends over the cache prefix
+        allowed by the additive `bias` [B, 1, T, S] (0 or -inf).
+        `attention`: the kernels (ATTENTION_KINDS) for one new token and for 2..DECODE_MAX_T new tokens."""
         q, k, v = self.qkv(x, cos, sin)
-        if rows is None:
-            rows = torch.arange(x.shape[0], device=x.device).unsqueeze(1)
         k_cache[rows, :, positions] = k.transpose(1, 2)  # index_put: measured no slower than scatter/index_copy
         v_cache[rows, :, positions] = v.transpose(1, 2)
         S = bias.shape[-1]
@@ -324,7 +322,7 @@ class Decoder(nn.Module):
         rows = torch.arange(tokens.shape[0], device=tokens.device).unsqueeze(1)
         x, kept = self.embed(tokens), {}
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.k[i], cache.v[i], positions, bias, self.attention, rows)
+            x = layer(x, cos, sin, cache.k[i], cache.v[i], positions, rows, bias, self.attention)
             if i in capture:
                 kept[i] = x
         return (x, torch.cat([kept[i] for i in capture], -1)) if capture else x
