@@ -11,7 +11,9 @@ One step, for every active row at once:
              step cost and the acceptance of past steps (bebop.autodraft). K = 0 is a plain decoding step.
   1. draft   (K > 0) the MTP first catches up on the positions the target committed since it last ran (using
              the target's hidden states), which yields draft 1; then it recurses on its own hidden states for
-             drafts 2..K. `spec` samples x_i ~ q_i; `spec-greedy` takes x_i = argmax q_i.
+             drafts 2..K. `spec` samples x_i ~ q_i; `spec-greedy` takes x_i = argmax q_i. Plain steps (K = 0)
+             only pile their positions up for the MTP (PILE_FLUSH): a row that finishes before drafting again
+             never pays for them, and a catch-up over many positions costs less per position than over one.
   2. verify  the target scores [pending token, x_1..x_K] in one forward: p_1..p_{K+1}.
   3. accept  rejection sampling (bebop.sampling) keeps a prefix of the drafts plus one corrected/bonus token.
   4. commit  each row advances its own KV-cache length by its own count; rejected entries are simply
@@ -40,6 +42,7 @@ from bebop.sampling import SamplingParams, probabilities, rejection_sample_unifo
 
 MODES = ("ar", "spec", "spec-greedy")
 DEFAULT_MAX_DRAFT_LEN = 4  # the largest K "auto" may pick
+PILE_FLUSH = 64  # positions plain steps may pile up for the MTP before it is fed all but the last in one forward
 
 
 @dataclass
@@ -123,12 +126,13 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
     return -(probs * probs.log().nan_to_num_(neginf=0.0)).sum(-1)
 
 
-def draft(mtp: MTP, tokens, hidden, count, cache, K, params, greedy, u):
-    """Catch up on `count` [B] new positions per row, then draft K tokens recursively.
+def draft(mtp: MTP, tokens, feats, count, cache, K, params, greedy, u):
+    """Catch up on `count` [B] new positions per row (their tokens and the target's unprojected features, as
+    target_forward returns them), then draft K tokens recursively.
     Returns draft tokens [B, K] (target vocabulary ids), the distributions to verify them against [B, K, Vd]
     (one-hot when greedy) and the MTP's own distributions [B, K, Vd], both over the draft vocabulary."""
     rows = torch.arange(tokens.shape[0])
-    h = mtp(tokens, hidden, cache)[rows, count - 1]
+    h = mtp(tokens, mtp.features(feats), cache)[rows, count - 1]
     cache.lengths += count
     drafts, verify_q, q_own = [], [], []
     for k in range(K):
@@ -144,14 +148,14 @@ def draft(mtp: MTP, tokens, hidden, count, cache, K, params, greedy, u):
     return torch.stack(drafts, 1), torch.stack(verify_q, 1), torch.stack(q_own, 1)
 
 
-def catch_up(mtp: MTP, tokens, hidden, count, cache):
+def catch_up(mtp: MTP, tokens, feats, count, cache):
     """Feed the MTP all but the last of each row's pending positions, without drafting: steps that did not
-    draft (K = 0) pile positions up, and the pile must stay within the cache. Returns the new, one-long pile."""
+    draft (K = 0) pile positions up, and the pile is kept to PILE_FLUSH wide. Returns the new, one-long pile."""
     rows = torch.arange(tokens.shape[0])
-    mtp(tokens, hidden, cache)
+    mtp(tokens, mtp.features(feats), cache)
     cache.lengths += count - 1
     last = count - 1
-    return tokens[rows, last].unsqueeze(1), hidden[rows, last].unsqueeze(1), torch.ones_like(count)
+    return tokens[rows, last].unsqueeze(1), feats[rows, last].unsqueeze(1), torch.ones_like(count)
 
 
 @torch.inference_mode()
@@ -214,10 +218,12 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     gens: list = [None] * B
     n_out = torch.zeros(B, dtype=torch.long)  # tokens emitted so far
     pending = torch.zeros(B, dtype=torch.long)  # the last emitted token, not yet seen by the target
-    # what the MTP has yet to see: for each committed target position, its hidden state and the token after it
-    catch_tokens = torch.zeros(B, 1, dtype=torch.long)
-    catch_hidden = torch.zeros(B, 1, target.cfg.dim, dtype=target.embed.weight.dtype)
-    catch_count = torch.ones(B, dtype=torch.long)
+    # the pile: what the MTP has yet to see, for each committed target position the target's features (as
+    # target_forward returns them, unprojected) and the token after it; `pile_count` positions per row
+    feat_dim = target.cfg.dim * (len(mtp.feature_layers) if spec and mtp.feature_layers else 1)
+    pile_tokens = torch.zeros(B, 1, dtype=torch.long)
+    pile_feats = torch.zeros(B, 1, feat_dim, dtype=target.embed.weight.dtype)
+    pile_count = torch.ones(B, dtype=torch.long)
     queue = deque(range(N))
     waiting = Counter(tuple(p) for p in prompts)
     prefilled = {}  # prompt -> (cache, MTP cache, row, last hidden state, p of the first token), while waiting
@@ -243,7 +249,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
         if spec:  # the MTP sees every prompt position but the last now; the last comes with the first token
             tmc = mtp.new_cache(len(new), tokens.shape[1])
             if tokens.shape[1] > 1:
-                mtp(tokens[:, 1:], feats[:, :-1], tmc)
+                mtp(tokens[:, 1:], mtp.features(feats[:, :-1]), tmc)
             tmc.lengths = lens - 1
         last_feats = feats[torch.arange(len(new)), lens - 1]
         for j, key in enumerate(new):
@@ -262,7 +268,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
         g = request_gens[i]
         tok = int(sample(p, torch.rand(1, generator=g, dtype=torch.float64)[0]))
         active[row], gens[row], n_out[row], pending[row] = i, g, 1, tok
-        catch_tokens[row, 0], catch_hidden[row, 0], catch_count[row] = tok, last, 1
+        pile_tokens[row, 0], pile_feats[row, 0], pile_count[row] = tok, last, 1
         ro = out[i]
         ro.tokens.append(tok)
         ro.logprobs.append(float(p[tok].clamp_min(1e-30).log()))
@@ -326,7 +332,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
                 break
             active, gens = [active[r] for r in keep], [gens[r] for r in keep]
             n_out, pending = n_out[keep], pending[keep]
-            catch_tokens, catch_hidden, catch_count = catch_tokens[keep], catch_hidden[keep], catch_count[keep]
+            pile_tokens, pile_feats, pile_count = pile_tokens[keep], pile_feats[keep], pile_count[keep]
             cache.keep_rows(keep)
             if spec:
                 mcache.keep_rows(keep)
@@ -337,21 +343,23 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
         # -- 0. draft length. Everything here is known before the step: the caches' room, past acceptance and
         # the measured cost, never what the target computes in this step, so the step stays exact for any K.
         K = min(K_max, max_len - 1 - int(cache.lengths.max()))  # the target writes positions len..len+K
-        if spec and int(mcache.lengths.max()) + catch_tokens.shape[1] > max_len:
+        width = int(pile_count.max()) if spec else 0  # the pile's used width: what a catch-up writes per row
+        if spec and int(mcache.lengths.max()) + width > max_len:
             K = 0  # the MTP's catch-up would not fit either (only at the very end of the context)
         if auto and K > 0:
             K = min(K, int((max_new_tokens - n_out).max()) - 1)  # tokens past every row's limit are wasted
             if K > 0:  # (plain steps first, twice per batch size: what drafting must beat, measured)
                 K = 0 if costs.wants_baseline(n_rows) else choose_draft_len(acceptance.alphas(), costs(n_rows), K)
-        if spec and K == 0 and catch_tokens.shape[1] > K_max and \
-                int(mcache.lengths.max()) + catch_tokens.shape[1] <= max_len:
-            catch_tokens, catch_hidden, catch_count = catch_up(mtp, catch_tokens, catch_hidden, catch_count, mcache)
+        if spec and K == 0 and width >= PILE_FLUSH and int(mcache.lengths.max()) + width <= max_len:
+            pile_tokens, pile_feats, pile_count = catch_up(mtp, pile_tokens[:, :width], pile_feats[:, :width],
+                                                           pile_count, mcache)
+            width = 1
         u = torch.stack([torch.rand(2 * K + 1, generator=g, dtype=torch.float64) for g in gens])
 
         # -- 1. draft
         if K:
-            drafts, verify_q, q_own = draft(mtp, catch_tokens, catch_hidden, catch_count, mcache, K, params,
-                                            mode == "spec-greedy", u[:, :K])
+            drafts, verify_q, q_own = draft(mtp, pile_tokens[:, :width], pile_feats[:, :width], pile_count, mcache,
+                                            K, params, mode == "spec-greedy", u[:, :K])
             inp = torch.cat([pending.unsqueeze(1), drafts], 1)
         else:
             drafts = verify_q = torch.zeros(n_rows, 0, dtype=torch.long)
@@ -365,14 +373,14 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
         # -- 4. commit
         cache.lengths += num_accepted + 1
         if spec and K:
-            catch_tokens, catch_hidden, catch_count = step_tokens.clamp_min(0), feats, num_accepted + 1
+            pile_tokens, pile_feats, pile_count = step_tokens.clamp_min(0), feats, num_accepted + 1
         elif spec:  # no draft this step: the one committed position joins the MTP's pile
-            if int(catch_count.max()) == catch_tokens.shape[1]:
-                catch_tokens = torch.cat([catch_tokens, torch.zeros_like(catch_tokens[:, :1])], 1)
-                catch_hidden = torch.cat([catch_hidden, torch.zeros_like(catch_hidden[:, :1])], 1)
-            catch_tokens[rows, catch_count] = step_tokens[:, 0]
-            catch_hidden[rows, catch_count] = feats[:, 0]
-            catch_count = catch_count + 1
+            if width == pile_tokens.shape[1]:  # full: twice as wide, so a copy per doubling
+                pile_tokens = torch.cat([pile_tokens, torch.zeros_like(pile_tokens)], 1)
+                pile_feats = torch.cat([pile_feats, torch.zeros_like(pile_feats)], 1)
+            pile_tokens[rows, pile_count] = step_tokens[:, 0]
+            pile_feats[rows, pile_count] = feats[:, 0]
+            pile_count = pile_count + 1
         if acceptance is not None:
             acceptance.update(K, num_accepted)
         if K:  # plain decoding makes no speculative steps

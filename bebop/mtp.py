@@ -86,10 +86,10 @@ class MTP(nn.Module):
         c = self.target.cfg
         return KVCache(len(self.blocks), batch, c.n_kv_heads, max_len, c.head_dim, self.eh_proj.weight.dtype)
 
-    def target_features(self, hidden: torch.Tensor, captured: torch.Tensor | None = None) -> torch.Tensor:
-        """The depth-1 input [.., d] from a target forward: its last hidden state, or the projection of the
-        `feature_layers` outputs it captured (Decoder.forward(..., capture=mtp.feature_layers))."""
-        return self.fc(captured) if self.feature_layers else hidden
+    def features(self, target_out: torch.Tensor) -> torch.Tensor:
+        """The depth-1 input [.., d] from what the target gives the MTP (target_forward): its last hidden state
+        as is, or the projection by `fc` of the `feature_layers` outputs it captured (EAGLE-3)."""
+        return self.fc(target_out) if self.feature_layers else target_out
 
     def fuse(self, tokens, hidden):
         return self.eh_proj(torch.cat([self.enorm(self.target.embed(tokens)), self.hnorm(hidden)], dim=-1))
@@ -97,7 +97,7 @@ class MTP(nn.Module):
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One MTP step over T new positions per row: tokens [B, T] are the tokens one ahead of the positions
-        whose previous hidden states are `hidden` [B, T, d] (target_features, or the MTP's own output).
+        whose previous hidden states are `hidden` [B, T, d] (`features` of the target's, or the MTP's own output).
         Returns MTP hidden states [B, T, d]; like the target, the cache's lengths are left for the caller."""
         positions, mask = step_positions(cache, tokens.shape[1])
         cos, sin = self.target.rope(positions)
@@ -175,13 +175,13 @@ class MTP(nn.Module):
 
 
 def target_forward(target: Decoder, mtp: MTP | None, tokens, cache):
-    """The target's hidden states [B, T, d] and the MTP's depth-1 input for the same positions (the same
-    tensor, or an EAGLE-3 MTP's projection of the target layers it reads)."""
+    """The target's hidden states [B, T, d] and what the MTP reads of the same positions, before its own
+    projection (MTP.features): the same tensor, or the outputs of the target layers an EAGLE-3 MTP reads
+    [B, T, n*d]. The engine keeps them unprojected until the MTP reads them: after plain steps it may never."""
     if mtp is None or not mtp.feature_layers:
         hidden = target(tokens, cache)
         return hidden, hidden
-    hidden, captured = target(tokens, cache, capture=mtp.feature_layers)
-    return hidden, mtp.target_features(hidden, captured)
+    return target(tokens, cache, capture=mtp.feature_layers)
 
 
 def target_signature(target: Decoder) -> dict:

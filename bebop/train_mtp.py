@@ -85,7 +85,7 @@ def depth_tensors(mtp: MTP, tokens, lens, prompt_lens, hidden, lse, captured, K,
     head = mtp.head_weight
     with torch.no_grad():  # teacher: exp(logits / T - logsumexp over the FULL vocabulary) on the draft vocabulary
         p_pos = (torch.nn.functional.linear(target.norm(hidden), head) / T - lse.unsqueeze(-1)).exp()
-    outs = mtp.unroll(tokens, mtp.target_features(hidden, captured), K)
+    outs = mtp.unroll(tokens, mtp.features(hidden if captured is None else captured), K)
     t = torch.arange(A, device=tokens.device)
     q_logits, p, labels, mask = [], [], [], []
     for k in range(1, K + 1):

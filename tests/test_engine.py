@@ -510,12 +510,20 @@ def test_auto_choosing_zero_is_plain_decoding(warm, monkeypatch):
     assert [r.tokens for r in gen.rollouts] == [r.tokens for r in ar.rollouts] and gen.stats.steps == 0
 
 
-def test_mtp_catches_up_after_steps_without_drafts(warm, monkeypatch):
-    """After K = 0 steps (positions piled up, flushed when the pile grows) the first draft must be the MTP's
-    prediction on the whole committed sequence: the teacher-forced MTP (MTP.unroll) gives the same q."""
+@pytest.mark.parametrize("flush", [None, 2])
+@pytest.mark.parametrize("feature_layers", [(), (0, 1)])
+def test_mtp_catches_up_after_steps_without_drafts(warm, monkeypatch, flush, feature_layers):
+    """After K = 0 steps (positions piled up unprojected, flushed when the pile reaches PILE_FLUSH) the first
+    draft must be the MTP's prediction on the whole committed sequence: the teacher-forced MTP (MTP.unroll)
+    gives the same q. With an EAGLE-3 MTP too, whose features are projected only when the MTP reads them."""
     model, mtp, tok = warm
+    if feature_layers:
+        mtp = new_mtp(model, seed=3, feature_layers=feature_layers)
+        torch.nn.init.normal_(mtp.fc.weight, std=0.3)
+    if flush:
+        monkeypatch.setattr(engine, "PILE_FLUSH", flush)
     prompts = [chat_ids(tok, t) for t in TEXTS]
-    m = 5  # K = 0 steps before the first draft; more than max_draft_len, so the pile is flushed on the way
+    m = 5  # K = 0 steps before the first draft; with flush=2 the pile is fed to the MTP twice on the way
     scheduled(monkeypatch, [0] * m + [2] * 50)
     params = SamplingParams()
     gen = generate(model, prompts, 12, params, mode="spec", mtp=mtp, draft_len="auto", max_draft_len=2, seed=2,
@@ -525,7 +533,8 @@ def test_mtp_catches_up_after_steps_without_drafts(warm, monkeypatch):
         first = np.flatnonzero((tr["row"] == r) & (tr["depth"] == 0))[0]
         seq = torch.tensor([prompt + ro.tokens])
         with torch.no_grad():
-            h = mtp.unroll(seq, model.forward_full(seq), 1)[0]
+            out = model.forward_full(seq, capture=mtp.feature_layers)
+            h = mtp.unroll(seq, mtp.features(out[1] if feature_layers else out), 1)[0]
             q = probabilities(mtp.draft_logits(h[0, len(prompt) + m - 1]), params)
         assert tr["draft_entropy"][first] == pytest.approx(float(-torch.special.xlogy(q, q).sum()), abs=1e-4)
 

@@ -29,7 +29,7 @@ def test_training_unroll_equals_inference_recursion(tiny, layers, feature_layers
     tokens = torch.randint(0, tiny.cfg.vocab_size, (1, S))
     with torch.no_grad():
         out = tiny.forward_full(tokens, capture=mtp.feature_layers)
-        feats = mtp.target_features(*out) if feature_layers else out
+        feats = mtp.features(out[1] if feature_layers else out)
         outs = mtp.unroll(tokens, feats, K)
         # the engine's features come from the cached forward: the same function of the same tokens
         hidden, captured = tiny(tokens, tiny.new_cache(1, S), capture=(1, 0))
