@@ -3,6 +3,9 @@
 A step with K drafts costs cost(K) seconds at the current batch size and emits 1 + sum_j prod_{i<=j} alpha_i
 tokens per row in expectation (NOTES.md section 2), alpha_i being the acceptance of draft i given that drafts
 1..i-1 were accepted. The engine takes the K in 0..max that maximises their ratio; K = 0 is plain decoding.
+Once no request waits for a row, a draining batch also pays for the rows that speculation scatters: they
+finish at different steps and the last ones run on in small, dear steps; there K minimises the expected time
+until the last row finishes (drain_seconds), from each row's own acceptance and remaining tokens.
 
 - cost(K) is probed, then corrected by timing online (StepCosts). Online timing alone only learns the K it
   happens to pick; a probe alone misses what a real step does besides the forwards (sampling, bookkeeping,
@@ -16,7 +19,9 @@ tokens per row in expectation (NOTES.md section 2), alpha_i being the acceptance
   in the step it is used for, so each step is an ordinary speculative step with a K fixed beforehand.
 """
 
+import functools
 import json
+import math
 import time
 
 import torch
@@ -123,7 +128,11 @@ class StepCosts:
     running average, taken as rows finished, said 123; the plain steps, all measured at 64 rows, then looked
     dear). A K measured at least twice at this batch bucket costs its probe times its running average ratio, in
     which a measurement's weight decays with the steps taken at the bucket since (a K not taken for a while is
-    re-learnt from its next measurement); any other K its probe times the mean ratio so far. The engine takes
+    re-learnt from its next measurement). Any other K costs its probe times this bucket's plain-step ratio (or
+    the mean ratio so far) times that K's ratio relative to plain steps at the nearest bucket that measured
+    both: the probe misses more of a drafting step than of a plain one (at 64 rows a K = 1 step took 1.41x its
+    probe, a plain one 1.31x), and trying each K out at a large batch, where it loses, cost the first batch-64
+    generation 13% in the benchmark when the batch-16 steps had already shown it. The engine takes
     K = 0 twice per bucket first, and again after every `refresh` steps without one (`wants_baseline`): plain
     decoding is the step every other K must beat, and a baseline measured only in a generation's first, slow
     steps stayed: at batch 64 it stood at 107.6 ms against ~90 ms for plain steps later, and drafting was chosen
@@ -135,6 +144,7 @@ class StepCosts:
         self.steps = {}  # batch bucket -> steps recorded at it
         self.measured = {}  # (batch bucket, K) -> [running average measured/probed, count, step number when last]
         self.ratio_sum, self.ratio_n = 0.0, 0
+        self.catch_up_rate = None  # seconds per row and position the MTP is fed in a catch-up
 
     def probed_at(self, b: int) -> list[float]:
         if b not in self.probed:
@@ -150,12 +160,39 @@ class StepCosts:
         return [lo + t * (hi - lo) for lo, hi in zip(self.probed_at(b // 2), self.probed_at(b))]
 
     def __call__(self, batch: int) -> list[float]:
-        probe, scale = self.probe(batch), self.ratio_sum / self.ratio_n if self.ratio_n else 1.0
+        ratios = self.ratios()
+        b = bucket(batch)
+        own = ratios.get(b, {})
+        plain = own.get(0, self.ratio_sum / self.ratio_n if self.ratio_n else 1.0)
+        # the buckets that measured plain steps, nearest first (in powers of two)
+        near = sorted((abs(other.bit_length() - b.bit_length()), other) for other, r in ratios.items() if 0 in r)
         out = []
-        for K in range(self.max_k + 1):
-            m = self.measured.get((bucket(batch), K))
-            out.append(probe[K] * (m[0] if m and m[1] >= 2 else scale))
+        for K, probe in enumerate(self.probe(batch)):
+            if K in own:
+                out.append(probe * own[K])
+                continue
+            relative = next((ratios[other][K] / ratios[other][0] for _, other in near if K in ratios[other]), 1.0)
+            out.append(probe * plain * relative)
         return out
+
+    def ratios(self) -> dict[int, dict[int, float]]:
+        """bucket -> {K: running average measured/probed} for the K measured at least twice there."""
+        out = {}
+        for (b, K), m in self.measured.items():
+            if m[1] >= 2:
+                out.setdefault(b, {})[K] = m[0]
+        return out
+
+    def record_catch_up(self, positions: int, seconds: float) -> None:
+        """A catch-up fed the MTP `positions` (rows x piled positions) in `seconds`."""
+        if positions > 0:
+            rate = seconds / positions
+            self.catch_up_rate = rate if self.catch_up_rate is None else \
+                self.decay * self.catch_up_rate + (1 - self.decay) * rate
+
+    def catch_up_seconds(self, positions: int) -> float:
+        """What feeding the MTP `positions` piled-up positions costs, as measured so far (0 before)."""
+        return max(positions, 0) * (self.catch_up_rate or 0.0)
 
     def wants_baseline(self, batch: int) -> bool:
         b = bucket(batch)
@@ -188,33 +225,130 @@ def step_costs_for(target, mtp, max_k: int) -> StepCosts:
 
 
 class Acceptance:
-    """Running estimate of the conditional acceptance alpha_i of draft i = 1..max_k, from past steps only.
+    """Running estimate of the conditional acceptance alpha_i of draft i = 1..max_k, from past steps only: the
+    batch's (`alphas`) and each row's own (`row_alphas`, for a draining batch's slowest rows).
 
     Counts decay every step, so the estimate follows the acceptance as it moves (entropy changes along a
     rollout), and when the engine stops drafting (K = 0 gives no evidence) the estimate drifts back to the
-    prior and drafting is tried again."""
+    prior and drafting is tried again. A row's estimate starts from the batch's, worth `row_weight` steps, and
+    rows differ far more than one step's luck: on 46 held-out prompts (smollm2-135m and its MTP, K = 3) draft
+    1's acceptance had a between-row standard deviation of 0.16 around 0.60 (`row_spread`)."""
 
-    def __init__(self, max_k: int, prior: float = 0.6, weight: float = 2.0, decay: float = 0.95):
-        self.prior, self.weight, self.decay = prior, weight, decay
+    def __init__(self, max_k: int, rows: int = 0, prior: float = 0.6, weight: float = 2.0, decay: float = 0.95,
+                 row_weight: float = 4.0, prior_spread: float = 0.25):
+        self.prior, self.weight, self.decay, self.row_weight = prior, weight, decay, row_weight
+        self.prior_spread = prior_spread
         self.reached = torch.zeros(max_k, dtype=torch.float64)
         self.accepted = torch.zeros(max_k, dtype=torch.float64)
+        self.row_reached = torch.zeros(rows, max_k, dtype=torch.float64)
+        self.row_accepted = torch.zeros(rows, max_k, dtype=torch.float64)
 
     def update(self, K: int, num_accepted: torch.Tensor) -> None:
         """num_accepted [B]: accepted drafts per row in a step that drafted K."""
-        self.reached *= self.decay
-        self.accepted *= self.decay
+        for counts in (self.reached, self.accepted, self.row_reached, self.row_accepted):
+            counts *= self.decay
         if K:
-            i = torch.arange(K).unsqueeze(1)
-            n = num_accepted.cpu().unsqueeze(0)
-            self.reached[:K] += (n >= i).sum(1).double()  # draft i+1 was examined
-            self.accepted[:K] += (n > i).sum(1).double()
+            i = torch.arange(K)
+            n = num_accepted.cpu().unsqueeze(1)
+            reached, accepted = (n >= i).double(), (n > i).double()  # draft i+1 was examined / accepted
+            self.row_reached[:, :K] += reached
+            self.row_accepted[:, :K] += accepted
+            self.reached[:K] += reached.sum(0)
+            self.accepted[:K] += accepted.sum(0)
 
     def alphas(self) -> torch.Tensor:
         return (self.accepted + self.prior * self.weight) / (self.reached + self.weight)
 
+    def row_alphas(self) -> torch.Tensor:
+        """[B, max_k]: each row's own estimate, shrunk towards the batch's."""
+        return (self.row_accepted + self.alphas() * self.row_weight) / (self.row_reached + self.row_weight)
 
-def choose_draft_len(alphas: torch.Tensor, costs: list[float], max_k: int) -> int:
-    """argmax over K in 0..max_k of (1 + sum_{j<=K} prod_{i<=j} alpha_i) / cost(K)."""
-    expected = torch.cat([torch.ones(1, dtype=torch.float64), alphas[:max_k].cumprod(0)]).cumsum(0)
-    rate = expected / torch.tensor(costs[:max_k + 1], dtype=torch.float64)
-    return int(rate.argmax())
+    def row_spread(self) -> torch.Tensor:
+        """[B]: how far each row's acceptance may lie from its estimate, relative to it (one standard deviation):
+        the between-row spread of draft 1's acceptance relative to the batch's, from the rows' own counts once
+        four rows have four steps' worth (their variance less the binomial part), else `prior_spread`; shrinking
+        as a row's own evidence grows."""
+        n = self.row_reached[:, 0]
+        seen = n >= 4
+        spread = self.prior_spread
+        if int(seen.sum()) >= 4:
+            rate = self.row_accepted[seen, 0] / n[seen]
+            between = rate.var() - (rate * (1 - rate) / n[seen]).mean()
+            spread = float(between.clamp_min(0).sqrt() / rate.mean().clamp_min(0.05))
+        return spread * (self.row_weight / (self.row_weight + n)).sqrt()
+
+    def keep_rows(self, rows: torch.Tensor) -> None:  # as KVCache.keep_rows
+        self.row_reached, self.row_accepted = self.row_reached[rows], self.row_accepted[rows]
+
+    def reset_row(self, row: int) -> None:  # a new request in this row
+        self.row_reached[row] = 0
+        self.row_accepted[row] = 0
+
+
+def choose_draft_len(alphas: torch.Tensor, costs: list[float], max_k: int, drain: tuple | None = None) -> int:
+    """The K in 0..max_k with the least expected time per token (time_per_token); for a draining batch, the
+    least expected time until its last row finishes: drain = (row_alphas, row_spread, remaining, fixed_costs)
+    as drain_seconds takes them, and the seconds any K > 0 pays first to feed the MTP the positions plain
+    steps piled up (StepCosts.catch_up_seconds)."""
+    if drain is not None:
+        row_alphas, row_spread, remaining, fixed_costs, backlog = drain
+        seconds = drain_seconds(row_alphas, remaining, costs, fixed_costs, max_k, row_spread)
+        seconds[1:] += backlog
+        return int(seconds.argmin())
+    return int(time_per_token(alphas, costs, max_k).argmin())
+
+
+def emitted_moments(alphas: torch.Tensor, max_k: int):
+    """Mean and variance of the tokens a step with K = 0..max_k drafts emits per row ([..., max_k + 1]), for
+    conditional acceptances alphas [..., >= max_k]: P(emitted > j) = prod_{i<=j} alpha_i for j <= K."""
+    chain = torch.cat([torch.ones_like(alphas[..., :1]), alphas[..., :max_k].cumprod(-1)], -1).double()
+    mean = chain.cumsum(-1)
+    second = ((2 * torch.arange(max_k + 1, dtype=torch.float64) + 1) * chain).cumsum(-1)  # E[emitted^2]
+    return mean, (second - mean ** 2).clamp_min(0)
+
+
+def time_per_token(alphas: torch.Tensor, costs: list[float], max_k: int) -> torch.Tensor:
+    """Expected seconds per token of each K in 0..max_k: cost(K) / E_K, where a step with K drafts emits
+    E_K = 1 + sum_{j<=K} prod_{i<=j} alpha_i tokens per row in expectation. Right while finished rows are
+    replaced at once (requests wait for rows)."""
+    return torch.tensor(costs[:max_k + 1], dtype=torch.float64) / emitted_moments(alphas, max_k)[0]
+
+
+def drain_seconds(row_alphas: torch.Tensor, remaining: torch.Tensor, costs: list[float], fixed_costs: list[float],
+                  max_k: int, row_spread: torch.Tensor | None = None) -> torch.Tensor:
+    """Expected seconds until the last of n rows finishes, drafting K = 0..max_k every step from now on; for a
+    batch that drains (no request waits for a finished row's place). row_alphas [n, >= max_k] as
+    Acceptance.row_alphas; remaining [n]: tokens each row may still emit; costs: a step's seconds at n rows,
+    fixed_costs: at one row (a + b); row_spread [n]: the relative uncertainty of each row's acceptance
+    (Acceptance.row_spread).
+
+    Per token, drafting can pay (time_per_token) and still lose here: speculating rows advance by random
+    amounts and at their own acceptance, so they finish at different steps and the batch runs on with fewer
+    and fewer rows, while plain decoding keeps them in step. With a step cost of a + b * (rows still running),
+    the drain costs a * (steps until the last row finishes) + b * (sum over rows of their steps). Row r needs
+    S_r = R_r / E_K,r steps, give or take sigma_r: sqrt(R_r * V_K,r / E_K,r^3) from each step's luck (V: the
+    variance of the tokens a step emits) and, from the uncertainty of the row's acceptance, the steps it needs
+    at acceptances one `row_spread` lower. The last of n rows lands about z_n * sigma later (z_n: the expected
+    maximum of n standard normals). At batch 64 and 64 tokens, rows that drafted finished over ~10 steps past
+    the others, ~10% of the decode time, while plain decoding ended every row in the same step."""
+    n = len(remaining)
+    mean, var = emitted_moments(row_alphas, max_k)  # [n, max_k + 1]
+    R = remaining.double().clamp_min(1).unsqueeze(1)
+    steps = R / mean
+    sigma2 = R * var / mean ** 3
+    if row_spread is not None:
+        lower = emitted_moments(row_alphas * (1 - row_spread.double().clamp(0, 1)).unsqueeze(1), max_k)[0]
+        sigma2 = sigma2 + (R / lower - steps) ** 2
+    last = (steps + expected_max_of_normals(n) * sigma2.sqrt()).amax(0)
+    one = torch.tensor(fixed_costs[:max_k + 1], dtype=torch.float64)
+    b = (torch.tensor(costs[:max_k + 1], dtype=torch.float64) - one).clamp_min(0) / max(n - 1, 1)
+    return (one - b) * last + b * steps.sum(0)  # a = cost(1 row) - b
+
+
+@functools.cache
+def expected_max_of_normals(n: int) -> float:
+    """E[max of n independent standard normals]: integral of x * n * pdf(x) * cdf(x)^(n-1)."""
+    x = torch.linspace(-10, 10, 8001, dtype=torch.float64)
+    pdf = torch.exp(-x ** 2 / 2) / math.sqrt(2 * math.pi)
+    cdf = 0.5 * (1 + torch.erf(x / math.sqrt(2)))
+    return float((x * n * pdf * cdf ** (n - 1)).sum() * (x[1] - x[0]))

@@ -205,7 +205,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     request_gens = row_generators(seed, N)
     out = [Rollout(i) for i in range(N)]
     stats = SpecStats(draft_len=K_max, accepted_at=[0] * K_max)
-    acceptance = Acceptance(K_max) if auto and spec else None
+    acceptance = Acceptance(K_max, B) if auto and spec else None
     costs = step_costs_for(target, mtp, K_max) if auto and spec else None  # probed, then measured
     vocab_ids = mtp.vocab_ids if spec and len(mtp.vocab_ids) else None
     eos_set = set(target.eos_ids if eos_ids is None else eos_ids)
@@ -265,6 +265,8 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
         cache.write_rows(row, tc, j)
         if spec:
             mcache.write_rows(row, tmc, j)
+        if acceptance is not None:
+            acceptance.reset_row(row)
         g = request_gens[i]
         tok = int(sample(p, torch.rand(1, generator=g, dtype=torch.float64)[0]))
         active[row], gens[row], n_out[row], pending[row] = i, g, 1, tok
@@ -336,6 +338,8 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
             cache.keep_rows(keep)
             if spec:
                 mcache.keep_rows(keep)
+            if acceptance is not None:
+                acceptance.keep_rows(keep)
         n_rows = len(active)
         rows = torch.arange(n_rows)
         started = time.perf_counter()
@@ -347,12 +351,25 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
         if spec and int(mcache.lengths.max()) + width > max_len:
             K = 0  # the MTP's catch-up would not fit either (only at the very end of the context)
         if auto and K > 0:
-            K = min(K, int((max_new_tokens - n_out).max()) - 1)  # tokens past every row's limit are wasted
-            if K > 0:  # (plain steps first, twice per batch size: what drafting must beat, measured)
-                K = 0 if costs.wants_baseline(n_rows) else choose_draft_len(acceptance.alphas(), costs(n_rows), K)
-        if spec and K == 0 and width >= PILE_FLUSH and int(mcache.lengths.max()) + width <= max_len:
+            remaining = int((max_new_tokens - n_out).max())
+            K = min(K, remaining - 1)  # tokens past every row's limit are wasted
+            if K > 0 and costs.wants_baseline(n_rows):  # plain steps first: what drafting must beat, measured
+                K = 0
+            elif K > 0:  # once no request waits for a row, rows that drift apart leave a tail of small steps;
+                # and drafting after plain steps first feeds the MTP what they piled up
+                drain = None if queue else (acceptance.row_alphas(), acceptance.row_spread(), max_new_tokens - n_out,
+                                            costs(1), costs.catch_up_seconds(n_rows * (width - 1)))
+                K = choose_draft_len(acceptance.alphas(), costs(n_rows), K, drain)
+        # the pile goes to the MTP (all but each row's last position, which comes with the drafting) when this
+        # step drafts after plain steps, or when it is full; timed apart: a cost of the plain steps before
+        fed = 0.0
+        if spec and (width > K_max + 1 if K else width >= PILE_FLUSH) and int(mcache.lengths.max()) + width <= max_len:
+            fed = time.perf_counter()
             pile_tokens, pile_feats, pile_count = catch_up(mtp, pile_tokens[:, :width], pile_feats[:, :width],
                                                            pile_count, mcache)
+            fed = time.perf_counter() - fed
+            if costs is not None:
+                costs.record_catch_up(n_rows * (width - 1), fed)
             width = 1
         u = torch.stack([torch.rand(2 * K + 1, generator=g, dtype=torch.float64) for g in gens])
 
@@ -399,7 +416,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
         pending = step_tokens[rows, num_accepted]
         finished = record(step_tokens, num_accepted, p)  # (its .tolist() waits for an accelerator to finish)
         if costs is not None:
-            costs.record(n_rows, K, time.perf_counter() - started)
+            costs.record(n_rows, K, time.perf_counter() - started - fed)
         free = fill(finished)
     bar.close()
     table = None

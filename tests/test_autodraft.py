@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import bebop.autodraft as autodraft
-from bebop.autodraft import Acceptance, bucket, choose_draft_len, step_costs
+from bebop.autodraft import Acceptance, bucket, choose_draft_len, drain_seconds, step_costs, time_per_token
 from bebop.engine import generate
 from bebop.models.registry import chat_ids
 from bebop.mtp import new_mtp
@@ -29,12 +29,87 @@ def test_choose_draft_len_maximises_tokens_per_second():
                 brute_force(alphas, costs, 3)
 
 
+def test_a_draining_batch_waits_for_its_slowest_row():
+    """Per token, drafting pays (1.3 / 1.76 of a plain step); when no request waits for a row, the batch lasts
+    until its last row finishes, and one row whose drafts are rejected makes drafting lose."""
+    costs, fixed, rows = [1.0, 1.3], [0.8, 1.0], 16
+    fast = torch.full((rows, 1), 0.8)
+    assert choose_draft_len(torch.tensor([0.76]), costs, 1) == 1
+    known = torch.zeros(rows)  # rows whose acceptance is known
+    assert choose_draft_len(torch.tensor([0.8]), costs, 1, (fast, known, torch.full((rows,), 32), fixed, 0.0)) == 1
+    slow = fast.clone()
+    slow[3] = 0.1
+    assert choose_draft_len(torch.tensor([0.76]), costs, 1, (slow, known, torch.full((rows,), 32), fixed, 0.0)) == 0
+    unsure = torch.full((rows,), 0.8)  # the same estimates, but some row may well be the slow one
+    assert choose_draft_len(torch.tensor([0.8]), costs, 1, (fast, unsure, torch.full((rows,), 32), fixed, 0.0)) == 0
+    piled = (fast, known, torch.full((rows,), 32), fixed, 10.0)  # 10 s to feed the MTP what plain steps piled up
+    assert choose_draft_len(torch.tensor([0.8]), costs, 1, piled) == 0
+    one = (torch.tensor([[0.1]]), torch.zeros(1), torch.tensor([32]), fixed, 0.0)  # alone, it pays like any row
+    assert choose_draft_len(torch.tensor([0.1]), costs, 1, one) == int(1.3 / 1.1 < 1.0)
+
+
+@pytest.mark.parametrize("rows,remaining,K,mixed,spread", [(64, 64, 1, False, 0), (64, 64, 2, False, 0),
+                                                            (16, 64, 4, False, 0), (4, 32, 3, False, 0),
+                                                            (16, 64, 2, True, 0), (16, 64, 3, False, 0.25)])
+def test_drain_time_matches_a_simulated_batch(rows, remaining, K, mixed, spread):
+    """drain_seconds against simulated batches: `rows` rows each needing `remaining` tokens, drafts accepted
+    with their row's chain alpha (with `mixed`, half the rows accept far less; with `spread`, each row's alphas
+    are the estimate times 1 + spread * N(0, 1), unknown to the model but for their spread), a step costing
+    a + b * (rows still running) until the last row is done."""
+    alphas = torch.tensor([0.6, 0.65, 0.6, 0.55], dtype=torch.float64).repeat(rows, 1)
+    if mixed:
+        alphas[::2] *= 0.5
+    a, b = 1.0, 0.02
+    gen = torch.Generator().manual_seed(0)
+    total, reps = 0.0, 300
+    for _ in range(reps):
+        noise = 1 + spread * torch.randn(rows, 1, generator=gen, dtype=torch.float64)
+        row_alphas = (alphas[:, :K] * noise).clamp(0, 1)
+        left = torch.full((rows,), remaining)
+        while (left > 0).any():
+            alive = left > 0
+            total += a + b * int(alive.sum())
+            accepted = (torch.rand(rows, K, generator=gen, dtype=torch.float64) < row_alphas).long().cumprod(1)
+            left = torch.where(alive, left - 1 - accepted.sum(1), left)
+    costs, fixed = [a + b * rows] * (K + 1), [a + b] * (K + 1)  # the same for every K: only E_K and V_K differ
+    predicted = drain_seconds(alphas, torch.full((rows,), remaining), costs, fixed, K, torch.full((rows,), spread))
+    assert float(predicted[K]) == pytest.approx(total / reps, rel=0.05)
+    assert float(predicted[0]) == pytest.approx(remaining * (a + b * rows))  # plain decoding: every row in step
+    per_token = float(time_per_token(alphas.mean(0), costs, K)[K]) * remaining
+    assert total / reps - per_token > 0.5 * (float(predicted[K]) - per_token)  # the tail is real, not a rounding
+
+
+def test_row_spread_is_measured_from_the_rows_and_shrinks_with_their_evidence():
+    acc = Acceptance(1, rows=8, decay=1.0, prior_spread=0.25, row_weight=4.0)
+    assert acc.row_spread().tolist() == pytest.approx([0.25] * 8)  # no evidence: the prior
+    same = torch.tensor([1, 0] * 4)
+    for _ in range(20):
+        acc.update(1, same)
+        acc.update(1, 1 - same)  # every row accepts half: rows differ only by luck
+    assert float(acc.row_spread().max()) < 0.05
+    apart = Acceptance(1, rows=8, decay=1.0, prior_spread=0.25, row_weight=4.0)
+    for _ in range(40):
+        apart.update(1, torch.tensor([1, 1, 1, 1, 0, 0, 0, 1]))  # rows that always / never accept
+    rates = torch.tensor([1, 1, 1, 1, 0, 0, 0, 1], dtype=torch.float64)  # no binomial part: always or never
+    assert apart.row_spread().tolist() == pytest.approx([float(rates.std() / rates.mean()) * (4 / 44) ** 0.5] * 8)
+
+
 def test_acceptance_counts_conditional_rates_and_forgets():
-    acc = Acceptance(3, prior=0.5, weight=2.0, decay=1.0)
+    acc = Acceptance(3, rows=4, prior=0.5, weight=2.0, decay=1.0, row_weight=4.0)
     assert acc.alphas().tolist() == [0.5, 0.5, 0.5]
     acc.update(2, torch.tensor([0, 1, 2, 2]))  # draft 1: 3 of 4 accepted; draft 2: reached by 3, accepted by 2
-    assert acc.alphas().tolist() == pytest.approx([(3 + 1) / (4 + 2), (2 + 1) / (3 + 2), 0.5])
-    fading = Acceptance(1, prior=0.5, decay=0.9)
+    batch = [(3 + 1) / (4 + 2), (2 + 1) / (3 + 2), 0.5]
+    assert acc.alphas().tolist() == pytest.approx(batch)
+    # each row's own: its one step, with the batch's estimate worth 4 steps
+    rows = acc.row_alphas()
+    assert rows[0].tolist() == pytest.approx([4 * batch[0] / 5, batch[1], batch[2]])  # rejected draft 1
+    assert rows[1].tolist() == pytest.approx([(1 + 4 * batch[0]) / 5, 4 * batch[1] / 5, batch[2]])
+    assert rows[2].tolist() == pytest.approx([(1 + 4 * batch[0]) / 5, (1 + 4 * batch[1]) / 5, batch[2]])
+    acc.keep_rows(torch.tensor([2, 1]))  # rows 0 and 3 finished; row 2 moves up
+    acc.reset_row(1)  # a new request in row 1
+    assert acc.row_alphas()[0].tolist() == pytest.approx(rows[2].tolist())
+    assert acc.row_alphas()[1].tolist() == pytest.approx(batch)
+    fading = Acceptance(1, rows=100, prior=0.5, decay=0.9)
     fading.update(1, torch.zeros(100, dtype=torch.long))  # everything rejected
     low = float(fading.alphas()[0])
     for _ in range(50):
@@ -90,6 +165,30 @@ def test_step_costs_are_corrected_by_measured_steps(monkeypatch):
     costs.record(16, 0, 1.5)
     costs.record(9, 0, 1.5)  # the same bucket as 16
     assert not costs.wants_baseline(16) and costs(16)[0] == pytest.approx(1.5) and costs.wants_baseline(8)
+
+
+def test_a_drafting_step_costs_what_smaller_batches_showed_relative_to_plain_ones(monkeypatch):
+    """A K not yet measured at this batch bucket: this bucket's plain-step ratio to the probe, times that K's
+    ratio relative to plain steps where both were measured (the nearest such bucket), not the bare probe."""
+    monkeypatch.setattr(autodraft, "step_costs", lambda target, mtp, batch, max_k: [1.0, 2.0, 3.0][:max_k + 1])
+    costs = autodraft.StepCosts(None, None, 2, decay=0.5)
+    for K, seconds in ((0, 1.0), (0, 1.0), (1, 3.0), (1, 3.0)):  # batch 16: K = 1 takes 1.5x its probe
+        costs.record(16, K, seconds)
+    for K, seconds in ((0, 1.5), (0, 2.0), (2, 3.0), (2, 3.0)):  # batch 2, further away: K = 1 not measured
+        costs.record(2, K, seconds)
+    costs.record(64, 0, 2.0)
+    costs.record(64, 0, 2.0)  # batch 64: plain steps at twice the probe
+    assert costs(64) == pytest.approx([2.0, 2.0 * 2.0 * 1.5, 3.0 * 2.0 * 3.0 / 3.0 / 1.75])
+    assert costs(128)[1] == pytest.approx(2.0 * costs.ratio_sum / costs.ratio_n * 1.5)  # no plain steps there yet
+
+
+def test_catch_up_cost_is_measured_per_position():
+    costs = autodraft.StepCosts(None, None, 2, decay=0.5)
+    assert costs.catch_up_seconds(10) == 0.0  # nothing measured yet
+    costs.record_catch_up(100, 0.5)
+    assert costs.catch_up_seconds(10) == pytest.approx(0.05)
+    costs.record_catch_up(100, 1.5)
+    assert costs.catch_up_seconds(10) == pytest.approx(0.1) and costs.catch_up_seconds(0) == 0.0
 
 
 def test_measured_costs_follow_the_row_count_within_a_bucket(monkeypatch):

@@ -483,7 +483,7 @@ def scheduled(monkeypatch, schedule):
     """Make "auto" follow `schedule` (cycled, capped as the engine caps it) instead of the cost model."""
     it = iter(schedule * 1000)
     monkeypatch.setattr(autodraft, "step_costs", lambda target, mtp, batch, max_k: [1.0] * (max_k + 1))
-    monkeypatch.setattr(engine, "choose_draft_len", lambda alphas, costs, k: min(next(it), k))
+    monkeypatch.setattr(engine, "choose_draft_len", lambda alphas, costs, k, drain=None: min(next(it), k))
     monkeypatch.setattr(autodraft.StepCosts, "wants_baseline", lambda self, batch: False)
 
 
