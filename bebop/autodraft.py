@@ -8,9 +8,9 @@ finish at different steps and the last ones run on in small, dear steps; there K
 until the last row finishes (drain_seconds), from each row's own acceptance and remaining tokens.
 
 - cost(K) is probed, then corrected by timing online (StepCosts). Online timing alone only learns the K it
-  happens to pick; a probe alone misses what a real step does besides the forwards (sampling, bookkeeping,
-  the context's length) and the drift of a shared machine. The probe times the step's two forwards (target
-  verifying K + 1 tokens, MTP catch-up and K - 1 recursions with their draft heads) for every K once per
+  happens to pick; a probe alone misses what a real step does besides (bookkeeping, the context's length)
+  and the drift of a shared machine. The probe times the step's two forwards (target verifying K + 1 tokens,
+  MTP catch-up and K - 1 recursions with their draft heads) and its sampling for every K once per
   model, dtype, machine, thread count and batch bucket (powers of two), and caches the seconds in
   registry.cache_dir(); the engine then replaces a K's probed cost by the running average of its measured
   steps once it has taken that K twice at that batch size.
@@ -30,9 +30,9 @@ from bebop.checkpoint import write_text_atomic
 from bebop.models import registry
 from bebop.models.dtype import cpu_model
 from bebop.mtp import target_forward
-from bebop.sampling import SamplingParams, probabilities
+from bebop.sampling import SamplingParams, entropy, probabilities, rejection_sample_uniform, sample
 
-COST_FILE = "draft-costs-v2.json"  # v2: minimum over interleaved repetitions
+COST_FILE = "draft-costs-v3.json"  # v3: the probe also times rejection sampling and the entropies
 
 
 def machine() -> str:
@@ -49,7 +49,9 @@ def bucket(batch: int) -> int:
 
 @torch.inference_mode()
 def probe_costs(target, mtp, batch: int, max_k: int, context: int = 64, repeats: int = 5) -> list[float]:
-    """Seconds of one step's forwards with K = 0..max_k drafts at `batch` rows (see the module doc)."""
+    """Seconds of one step with K = 0..max_k drafts at `batch` rows (see the module doc): its forwards, and what
+    the engine does with their distributions (sampling the drafts, rejection sampling, the entropies), which at
+    64 rows made a drafting step cost more beyond its forwards than a plain one."""
     device = target.embed.weight.device
     params = SamplingParams()
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -58,10 +60,13 @@ def probe_costs(target, mtp, batch: int, max_k: int, context: int = 64, repeats:
     hidden = target(tokens[:, :context], cache)
     mcache = mtp.new_cache(batch, context + 2 * max_k + 2)
     mtp(tokens[:, 1:context + 1], hidden, mcache)
+    u = torch.rand(batch, max_k + 1, generator=gen, dtype=torch.float64).to(device)
+    vocab_ids = mtp.vocab_ids if len(mtp.vocab_ids) else None
 
     def step(K):
         cache.lengths.fill_(context)
         mcache.lengths.fill_(context - K - 1)
+        drafts, qs = [], []
         if K:
             h = mtp(tokens[:, :K + 1], hidden[:, :K + 1], mcache)[:, -1]
             mcache.lengths += K + 1
@@ -69,8 +74,16 @@ def probe_costs(target, mtp, batch: int, max_k: int, context: int = 64, repeats:
                 if k:
                     h = mtp(tokens[:, k:k + 1], h.unsqueeze(1), mcache)[:, 0]
                     mcache.lengths += 1
-                probabilities(mtp.draft_logits(h), params)
-        probabilities(target.logits(target_forward(target, mtp, tokens[:, :K + 1], cache)[0]), params)
+                qs.append(probabilities(mtp.draft_logits(h), params))
+                drafts.append(sample(qs[-1], u[:, k]))
+        p = probabilities(target.logits(target_forward(target, mtp, tokens[:, :K + 1], cache)[0]), params)
+        if K:
+            d = torch.stack(drafts, 1)
+            rejection_sample_uniform(p, torch.stack(qs, 1), d if vocab_ids is None else vocab_ids[d], u[:, :K],
+                                     u[:, K], vocab_ids=vocab_ids)
+        else:
+            sample(p[:, 0], u[:, 0])
+        entropy(p)
         if device.type == "cuda":
             torch.cuda.synchronize()
 

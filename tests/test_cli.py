@@ -45,7 +45,7 @@ def test_generate_auto_draft_len_through_a_small_batch(tmp_path, capsys, monkeyp
     stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert stats["tokens"] == sum(len(x["tokens"]) for x in lines)
     assert stats["steps"] == 0 or 0 < stats["mean_draft_len"] <= 2
-    assert (tmp_path / "draft-costs-v2.json").exists()
+    assert (tmp_path / "draft-costs-v3.json").exists()
 
 
 def test_bench_json(tmp_path, capsys):

@@ -16,7 +16,7 @@ import torch
 from scipy.stats import chisquare
 
 import bebop.sampling as S
-from bebop.sampling import SamplingParams, probabilities, rejection_sample, rejection_sample_uniform, sample
+from bebop.sampling import SamplingParams, entropy, probabilities, rejection_sample, rejection_sample_uniform, sample
 
 V, K, B = 5, 3, 200_000
 P_OK, P_BAD = 1e-3, 1e-6
@@ -453,3 +453,15 @@ def test_reduced_draft_vocab_gives_the_same_draws_as_its_full_vocab_q():
     reduced = rejection_sample_uniform(p, q, drafts, u, f, vocab_ids=vocab_ids)
     assert torch.equal(full[0], reduced[0]) and torch.equal(full[1], reduced[1])
     assert (reduced[1][:5] == 0).all() and 0 < reduced[1].float().mean() < K
+
+
+def test_entropy_is_minus_sum_p_log_p_with_0_log_0_as_0():
+    p = torch.randn(5, 1000, generator=torch.Generator().manual_seed(0)).mul(4).softmax(-1)
+    p[:, ::3] = 0.0  # zeros, as top-k / top-p leave them
+    p[1] = 0.0
+    p[1, 7] = 1.0  # one-hot: entropy 0, not NaN
+    p[2] = 1 / 1000  # uniform: log 1000
+    p[3:] /= p[3:].sum(-1, keepdim=True)
+    h = entropy(p)
+    assert torch.equal(h, -torch.special.xlogy(p, p).sum(-1))
+    assert h[1] == 0 and h[2].item() == pytest.approx(math.log(1000), rel=1e-5)
