@@ -199,8 +199,8 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     request_gens = row_generators(seed, N)
     out = [Rollout(i) for i in range(N)]
     stats = SpecStats(draft_len=K_max, accepted_at=[0] * K_max)
-    acceptance = Acceptance(K_max, B) if auto and spec else None
     costs = step_costs_for(target, mtp, K_max) if auto and spec else None  # probed, then measured
+    acceptance = Acceptance(K_max, B, prior_spread=costs.row_spread) if auto and spec else None
     vocab_ids = mtp.vocab_ids if spec and len(mtp.vocab_ids) else None
     eos_set = set(target.eos_ids if eos_ids is None else eos_ids)
     eos_t = torch.tensor(sorted(eos_set), dtype=torch.long)
@@ -413,6 +413,8 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
             costs.record(n_rows, K, time.perf_counter() - started - fed)
         free = fill(finished)
     bar.close()
+    if acceptance is not None:  # what the next generation starts from (RL rollouts: the same tasks again)
+        costs.row_spread = acceptance.spread
     table = None
     if trace and traced:
         table = {k: torch.cat([t[k] for t in traced]).numpy() for k in traced[0]}

@@ -568,3 +568,21 @@ def test_compaction_fills_finished_slots_with_the_last_rows():
     assert compaction(4, {0, 1}).tolist() == [3, 2]
     assert compaction(3, set()).tolist() == [0, 1, 2] and compaction(2, {0, 1}).tolist() == []
     assert compaction(5, {4}).tolist() == [0, 1, 2, 3]  # the last row finishing moves nothing
+
+
+def test_the_row_spread_one_generation_measured_is_where_the_next_starts(warm, monkeypatch):
+    """How far rows' acceptance differs depends on the prompts (RL groups of one task differ little, mixed chat
+    prompts a lot): each generation starts from what the last one measured."""
+    model, mtp, tok = warm
+    prompts = [chat_ids(tok, t) for t in TEXTS] * 2
+    scheduled(monkeypatch, [2])
+    costs = autodraft.step_costs_for(model, mtp, 2)
+    costs.row_spread = 0.123
+    priors, real = [], engine.Acceptance
+    monkeypatch.setattr(engine, "Acceptance", lambda *a, **k: priors.append(k["prior_spread"]) or real(*a, **k))
+    kw = dict(mode="spec", mtp=mtp, draft_len="auto", max_draft_len=2, eos_ids=[])
+    generate(model, prompts, 16, seed=1, **kw)
+    assert priors == [0.123] and costs.row_spread != 0.123  # measured from this generation's rows
+    measured = costs.row_spread
+    generate(model, prompts, 16, seed=2, **kw)
+    assert priors[1] == measured
