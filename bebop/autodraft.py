@@ -24,6 +24,7 @@ import json
 import math
 import time
 
+import numpy as np
 import torch
 
 from bebop.checkpoint import write_text_atomic
@@ -247,7 +248,7 @@ class Acceptance:
     prior and drafting is tried again. A row's estimate starts from the batch's, worth `row_weight` steps. Rows
     may differ far more than one step's luck, depending on the prompts: with smollm2-135m and its MTP (K = 3)
     draft 1's acceptance had a between-row standard deviation of 0.16 around 0.60 on 46 held-out chat prompts,
-    and of 0.05 around 0.61 on 35 samples of arithmetic prompts in groups of four (`row_spread`). So the spread
+    and of 0.05 around 0.61 on 35 samples of arithmetic prompts in groups of eight (`row_spread`). So the spread
     is measured, starting from `prior_spread` (the engine passes what the last generation measured), and the
     measurement is kept in `spread`."""
 
@@ -314,24 +315,27 @@ def choose_draft_len(alphas: torch.Tensor, costs: list[float], max_k: int, drain
     return int(time_per_token(alphas, costs, max_k).argmin())
 
 
-def emitted_moments(alphas: torch.Tensor, max_k: int):
+# The arithmetic below runs every step on a few dozen numbers, in numpy: as torch ops it took ~0.3 ms a step
+# at batch 64 (each op's dispatch, and caches cold after the forward), 0.4% of a plain step there.
+
+def emitted_moments(alphas, max_k: int):
     """Mean and variance of the tokens a step with K = 0..max_k drafts emits per row ([..., max_k + 1]), for
-    conditional acceptances alphas [..., >= max_k]: P(emitted > j) = prod_{i<=j} alpha_i for j <= K."""
-    chain = torch.cat([torch.ones_like(alphas[..., :1]), alphas[..., :max_k].cumprod(-1)], -1).double()
-    mean = chain.cumsum(-1)
-    second = ((2 * torch.arange(max_k + 1, dtype=torch.float64) + 1) * chain).cumsum(-1)  # E[emitted^2]
-    return mean, (second - mean ** 2).clamp_min(0)
+    conditional acceptances alphas [..., >= max_k] (numpy): P(emitted > j) = prod_{i<=j} alpha_i for j <= K."""
+    chain = np.concatenate([np.ones_like(alphas[..., :1]), np.cumprod(alphas[..., :max_k], -1)], -1)
+    mean = np.cumsum(chain, -1)
+    second = np.cumsum((2 * np.arange(max_k + 1) + 1) * chain, -1)  # E[emitted^2]
+    return mean, np.maximum(second - mean ** 2, 0)
 
 
-def time_per_token(alphas: torch.Tensor, costs: list[float], max_k: int) -> torch.Tensor:
+def time_per_token(alphas: torch.Tensor, costs: list[float], max_k: int) -> np.ndarray:
     """Expected seconds per token of each K in 0..max_k: cost(K) / E_K, where a step with K drafts emits
     E_K = 1 + sum_{j<=K} prod_{i<=j} alpha_i tokens per row in expectation. Right while finished rows are
     replaced at once (requests wait for rows)."""
-    return torch.tensor(costs[:max_k + 1], dtype=torch.float64) / emitted_moments(alphas, max_k)[0]
+    return np.asarray(costs[:max_k + 1]) / emitted_moments(alphas.double().numpy(), max_k)[0]
 
 
 def drain_seconds(row_alphas: torch.Tensor, remaining: torch.Tensor, costs: list[float], fixed_costs: list[float],
-                  max_k: int, row_spread: torch.Tensor | None = None) -> torch.Tensor:
+                  max_k: int, row_spread: torch.Tensor | None = None) -> np.ndarray:
     """Expected seconds until the last of n rows finishes, drafting K = 0..max_k every step from now on; for a
     batch that drains (no request waits for a finished row's place). row_alphas [n, >= max_k] as
     Acceptance.row_alphas; remaining [n]: tokens each row may still emit; costs: a step's seconds at n rows,
@@ -348,16 +352,17 @@ def drain_seconds(row_alphas: torch.Tensor, remaining: torch.Tensor, costs: list
     maximum of n standard normals). At batch 64 and 64 tokens, rows that drafted finished over ~10 steps past
     the others, ~10% of the decode time, while plain decoding ended every row in the same step."""
     n = len(remaining)
-    mean, var = emitted_moments(row_alphas, max_k)  # [n, max_k + 1]
-    R = remaining.double().clamp_min(1).unsqueeze(1)
+    alphas = row_alphas.double().numpy()
+    mean, var = emitted_moments(alphas, max_k)  # [n, max_k + 1]
+    R = np.maximum(remaining.double().numpy(), 1)[:, None]
     steps = R / mean
     sigma2 = R * var / mean ** 3
     if row_spread is not None:
-        lower = emitted_moments(row_alphas * (1 - row_spread.double().clamp(0, 1)).unsqueeze(1), max_k)[0]
+        lower = emitted_moments(alphas * (1 - np.clip(row_spread.double().numpy(), 0, 1))[:, None], max_k)[0]
         sigma2 = sigma2 + (R / lower - steps) ** 2
-    last = (steps + expected_max_of_normals(n) * sigma2.sqrt()).amax(0)
-    one = torch.tensor(fixed_costs[:max_k + 1], dtype=torch.float64)
-    b = (torch.tensor(costs[:max_k + 1], dtype=torch.float64) - one).clamp_min(0) / max(n - 1, 1)
+    last = (steps + expected_max_of_normals(n) * np.sqrt(sigma2)).max(0)
+    one = np.asarray(fixed_costs[:max_k + 1], dtype=np.float64)
+    b = np.maximum(np.asarray(costs[:max_k + 1]) - one, 0) / max(n - 1, 1)
     return (one - b) * last + b * steps.sum(0)  # a = cost(1 row) - b
 
 
