@@ -12,9 +12,8 @@ One step, for every active row at once:
   1. draft   (K > 0) the MTP first catches up on the positions the target committed since it last ran (using
              the target's hidden states), which yields draft 1; then it recurses on its own hidden states for
              drafts 2..K. `spec` samples x_i ~ q_i; `spec-greedy` takes x_i = argmax q_i. Plain steps (K = 0)
-             only pile their positions up for the MTP (PILE_FLUSH), and so does a prompt that joins while the
-             engine is not drafting: a row that finishes before drafting again never pays for them, and a
-             catch-up over many positions costs less per position than over one.
+             only pile their positions up for the MTP (PILE_FLUSH): a row that finishes before drafting again
+             never pays for them, and a catch-up over many positions costs less per position than over one.
   2. verify  the target scores [pending token, x_1..x_K] in one forward: p_1..p_{K+1}.
   3. accept  rejection sampling (bebop.sampling) keeps a prefix of the drafts plus one corrected/bonus token.
   4. commit  each row advances its own KV-cache length by its own count; rejected entries are simply
@@ -43,9 +42,7 @@ from bebop.sampling import SamplingParams, entropy, probabilities, rejection_sam
 
 MODES = ("ar", "spec", "spec-greedy")
 DEFAULT_MAX_DRAFT_LEN = 4  # the largest K "auto" may pick
-# positions the MTP's pile may hold before it is fed all but the last in one forward (a position holds the
-# target's features: for smollm2-135m with an EAGLE-3 MTP, 1728 values, against 11520 in the target's KV cache)
-PILE_FLUSH = 256
+PILE_FLUSH = 64  # positions plain steps may pile up for the MTP before it is fed all but the last in one forward
 
 
 @dataclass
@@ -223,8 +220,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     pile_count = torch.ones(B, dtype=torch.long)
     queue = deque(range(N))
     waiting = Counter(tuple(p) for p in prompts)
-    prefilled = {}  # prompt -> (cache, MTP cache or None, row, features for the pile, p of the first token)
-    last_K = 0  # the draft length of the last step
+    prefilled = {}  # prompt -> (cache, MTP cache, row, last hidden state, p of the first token), while waiting
 
     def finish(i, reason):
         out[i].stop_reason = reason
@@ -244,44 +240,31 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
         last = hidden[torch.arange(len(new)), lens - 1]
         p = probabilities(target.logits(last), params)
         tmc = None
-        # while the engine drafts, the MTP sees every prompt position but the last now (the last comes with the
-        # first token); while "auto" has it not drafting, the whole prompt goes to the MTP's pile, to be fed if
-        # drafting resumes. (With a fixed K, always now: a request's tokens must not depend on the other rows,
-        # and a catch-up's shape, so its kernels and their rounding, does.)
-        eager = spec and (not auto or last_K > 0 or tokens.shape[1] >= PILE_FLUSH)
-        if eager:
+        if spec:  # the MTP sees every prompt position but the last now; the last comes with the first token
             tmc = mtp.new_cache(len(new), tokens.shape[1])
             if tokens.shape[1] > 1:
                 mtp(tokens[:, 1:], mtp.features(feats[:, :-1]), tmc)
             tmc.lengths = lens - 1
+        last_feats = feats[torch.arange(len(new)), lens - 1]
         for j, key in enumerate(new):
-            prefilled[key] = (tc, tmc, j, feats[j, lens[j] - 1:lens[j]] if eager else feats[j, :lens[j]], p[j])
+            prefilled[key] = (tc, tmc, j, last_feats[j], p[j])
 
     def admit(row, i):
         """Put request i into `row` and sample its first token; True if that already finishes it."""
-        nonlocal pile_tokens, pile_feats
         key = tuple(prompts[i])
-        tc, tmc, j, piled, p = prefilled[key]
+        tc, tmc, j, last, p = prefilled[key]
         waiting[key] -= 1
         if waiting[key] == 0:
             del prefilled[key]
         cache.write_rows(row, tc, j)
-        if tmc is not None:
+        if spec:
             mcache.write_rows(row, tmc, j)
-        elif spec:
-            mcache.lengths[row] = 0  # the MTP has seen none of this prompt: it is all in the pile
         if acceptance is not None:
             acceptance.reset_row(row)
         g = request_gens[i]
         tok = int(sample(p, torch.rand(1, generator=g, dtype=torch.float64)[0]))
         active[row], gens[row], n_out[row], pending[row] = i, g, 1, tok
-        n = len(piled)  # the prompt's last position, or all of them: each with the token after it
-        if n > pile_tokens.shape[1]:
-            more = n - pile_tokens.shape[1]
-            pile_tokens = torch.cat([pile_tokens, pile_tokens.new_zeros(pile_tokens.shape[0], more)], 1)
-            pile_feats = torch.cat([pile_feats, pile_feats.new_zeros(pile_feats.shape[0], more, feat_dim)], 1)
-        pile_tokens[row, :n] = torch.tensor(prompts[i][len(prompts[i]) - n + 1:] + [tok])
-        pile_feats[row, :n], pile_count[row] = piled, n
+        pile_tokens[row, 0], pile_feats[row, 0], pile_count[row] = tok, last, 1
         ro = out[i]
         ro.tokens.append(tok)
         ro.logprobs.append(float(p[tok].clamp_min(1e-30).log()))
@@ -428,7 +411,6 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
         finished = record(step_tokens, num_accepted, p)  # (its .tolist() waits for an accelerator to finish)
         if costs is not None:
             costs.record(n_rows, K, time.perf_counter() - started - fed)
-        last_K = K
         free = fill(finished)
     bar.close()
     if acceptance is not None:  # what the next generation starts from (RL rollouts: the same tasks again)
