@@ -143,8 +143,8 @@ def draft(mtp: MTP, tokens, feats, count, cache, K, params, greedy, u):
 
 
 def catch_up(mtp: MTP, tokens, feats, count, cache):
-    """Feed the MTP all but the last of each row's pending positions, without drafting: steps that did not
-    draft (K = 0) pile positions up, and the pile is kept to PILE_FLUSH wide. Returns the new, one-long pile."""
+    """Feed the MTP all but the last of each row's pending positions, without drafting: the positions plain
+    steps (K = 0) piled up, when drafting resumes or the pile reaches PILE_FLUSH. Returns the new, one-long pile."""
     rows = torch.arange(tokens.shape[0])
     mtp(tokens, mtp.features(feats), cache)
     cache.lengths += count - 1
@@ -220,7 +220,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     pile_count = torch.ones(B, dtype=torch.long)
     queue = deque(range(N))
     waiting = Counter(tuple(p) for p in prompts)
-    prefilled = {}  # prompt -> (cache, MTP cache, row, last hidden state, p of the first token), while waiting
+    prefilled = {}  # prompt -> (cache, MTP cache, row, the MTP's input at its last position, p of the first token)
 
     def finish(i, reason):
         out[i].stop_reason = reason
@@ -358,10 +358,10 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
         # step drafts after plain steps, or when it is full; timed apart: a cost of the plain steps before
         fed = 0.0
         if spec and (width > K_max + 1 if K else width >= PILE_FLUSH) and int(mcache.lengths.max()) + width <= max_len:
-            fed = time.perf_counter()
+            t0 = time.perf_counter()
             pile_tokens, pile_feats, pile_count = catch_up(mtp, pile_tokens[:, :width], pile_feats[:, :width],
                                                            pile_count, mcache)
-            fed = time.perf_counter() - fed
+            fed = time.perf_counter() - t0
             if costs is not None:
                 costs.record_catch_up(n_rows * (width - 1), fed)
             width = 1
