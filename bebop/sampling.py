@@ -50,15 +50,59 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draw from each row of probs [..., V] with uniforms u [...] in [0, 1).
+    """Inverse-CDF draw from each row of probs [..., V] with uniforms u [...] in [0, 1): the first index whose
+    CDF exceeds u * total, so a zero-probability token is never chosen. NaN and negative entries count as
+    zero; a row that is all zero or NaN still yields an index inside the vocabulary.
+    A large vocabulary goes by blocks (blocked_inverse_cdf), a small one in one float64 CDF (inverse_cdf).
+    The choice depends on V alone, never on the batch, so a row's token does not depend on the other rows."""
+    return (blocked_inverse_cdf if probs.shape[-1] >= BLOCKED_MIN_VOCAB else inverse_cdf)(probs, u)
 
-    Float64 cumsum; picks the first index whose CDF exceeds u * total, so a zero-probability token is never
-    chosen. A row that is all zero or NaN still yields an index inside the vocabulary."""
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """`sample` with one float64 CDF over the whole vocabulary: cheapest for a few rows of a small one."""
     probs = torch.nan_to_num(probs, nan=0.0).clamp_min(0.0)
     cdf = probs.cumsum(-1, dtype=torch.float64)  # the CDF in float64; the clean-up above stays in float32
     target = (u.double() * cdf[..., -1]).unsqueeze(-1)
     idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
     return idx.clamp_(max=probs.shape[-1] - 1)
+
+
+SAMPLE_BLOCK = 256  # vocabulary entries per block of blocked_inverse_cdf
+BLOCKED_MIN_VOCAB = 8192  # from this vocabulary size on, `sample` goes by blocks
+
+
+def blocked_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """`sample` in two levels, so that only one pass goes over the whole vocabulary: the CDF over the sums of
+    blocks of SAMPLE_BLOCK entries picks the block, then the float64 CDF inside that block picks the token, at
+    the same fraction of the block's mass. Over [64, 49152] the full float64 CDF took 6-24 ms on this
+    project's CPU, this 1.2 ms; over one row it costs ~0.1 ms more. A row with NaN or negative entries (never
+    from softmax) makes the whole tensor pay for cleaning them."""
+    V = probs.shape[-1]
+    flat = probs.reshape(-1, V)
+    n, full = flat.shape[0], V - V % SAMPLE_BLOCK  # full blocks, then the rest as one shorter block
+
+    def by_block(reduce):
+        head = [reduce(flat[:, :full].view(n, -1, SAMPLE_BLOCK), -1)] if full else []
+        return torch.cat(head + ([reduce(flat[:, full:], -1, keepdim=True)] if full < V else []), -1)
+
+    if not bool((by_block(torch.amin) >= 0).all()):  # amin keeps NaN, which fails the test too
+        flat = torch.nan_to_num(flat, nan=0.0).clamp_min(0.0)
+    sums = by_block(torch.sum).double()
+    cdf = sums.cumsum(-1)
+    total = cdf[:, -1]
+    # the first block whose CDF exceeds u * total, which stays strictly below the total even as u -> 1
+    target = torch.minimum(u.reshape(-1).double() * total, torch.nextafter(total, torch.zeros_like(total)))
+    b = torch.searchsorted(cdf, target.unsqueeze(-1), right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+    rows = torch.arange(n, device=probs.device)
+    before = torch.where(b > 0, cdf[rows, (b - 1).clamp(min=0)], 0.0)
+    # inside block b: the same fraction of its own mass, strictly below its last CDF value
+    idx = b.unsqueeze(-1) * SAMPLE_BLOCK + torch.arange(SAMPLE_BLOCK, device=probs.device)
+    inner_cdf = torch.where(idx < V, flat.gather(-1, idx.clamp(max=V - 1)), 0.0).cumsum(-1, dtype=torch.float64)
+    inner_total = inner_cdf[:, -1]
+    frac = ((target - before) / sums[rows, b]).nan_to_num(0.0).clamp(0.0, 1.0)
+    inner = torch.minimum(frac * inner_total, torch.nextafter(inner_total, torch.zeros_like(inner_total)))
+    i = torch.searchsorted(inner_cdf, inner.unsqueeze(-1), right=True).squeeze(-1).clamp_(max=SAMPLE_BLOCK - 1)
+    return (b * SAMPLE_BLOCK + i).clamp_(max=V - 1).view(probs.shape[:-1])
 
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:

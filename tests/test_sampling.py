@@ -101,12 +101,22 @@ def ignore_q_sampler(target_probs, draft_probs, draft_tokens, generator):
     return rejection_sample(target_probs, torch.ones_like(draft_probs), draft_tokens, generator)
 
 
+@pytest.fixture(params=["one CDF", "by blocks"])
+def sampler(request, monkeypatch):
+    """Run a test with each of `sample`'s two ways; by blocks of 2 here, so that these 5-token vocabularies
+    have two full blocks and a shorter last one."""
+    if request.param == "by blocks":
+        monkeypatch.setattr(S, "SAMPLE_BLOCK", 2)
+        monkeypatch.setattr(S, "BLOCKED_MIN_VOCAB", 0)
+    return request.param
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the stream is i.i.d. p
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_stream_is_iid_target(case):
+def test_stream_is_iid_target(case, sampler):
     p_list, q_list = CASES[case]
     p, q = t64(p_list), t64(q_list)
     length = K + 2  # crosses the boundary between a row's first and second step
@@ -174,7 +184,7 @@ def q_pos(greedy):
 
 
 @pytest.mark.parametrize("greedy", [False, True])
-def test_position_dependent_targets(greedy):
+def test_position_dependent_targets(greedy, sampler):
     p, q = t64(P_POS), q_pos(greedy)
     tokens, acc, x = one_step(p, q, B, seed=4, greedy=greedy)
     for j in range(K + 1):
@@ -236,7 +246,7 @@ def test_acceptance_rate_check_catches_wrong_ratio():
 
 
 @pytest.mark.parametrize("greedy", [False, True])
-def test_one_hot_target_emits_argmax(greedy):
+def test_one_hot_target_emits_argmax(greedy, sampler):
     """Temperature 0: the output is the target's argmax at every position, drafts matching or not."""
     n = 4000
     gen = torch.Generator().manual_seed(8)
@@ -258,7 +268,7 @@ def test_one_hot_target_emits_argmax(greedy):
     assert (tokens[~emitted] == -1).all()
 
 
-def test_degenerate_rows_give_valid_tokens():
+def test_degenerate_rows_give_valid_tokens(sampler):
     n = 12
     gen = torch.Generator().manual_seed(9)
     p = torch.softmax(torch.randn(n, K + 1, V, generator=gen), -1)
@@ -287,7 +297,7 @@ def test_degenerate_rows_give_valid_tokens():
     assert 0 <= int(tokens[0, acc[0]]) < V
 
 
-def test_k0_is_one_sample_from_p():
+def test_k0_is_one_sample_from_p(sampler):
     p = t64(P_POS[0])
     gen = torch.Generator().manual_seed(10)
     tokens, acc = rejection_sample(p.expand(B, 1, V), torch.zeros(B, 0, V, dtype=torch.float64),
@@ -396,7 +406,7 @@ def test_sampling_params_validation():
             SamplingParams(**bad)
 
 
-def test_sample_never_picks_zero_probability_tokens():
+def test_sample_never_picks_zero_probability_tokens(sampler):
     rows = t64([
         [0, 0, 1, 0, 0],
         [0.3, 0.7, 0, 0, 0],  # trailing zeros: u near 1 must not run off the end
@@ -425,7 +435,7 @@ def test_sample_never_picks_zero_probability_tokens():
     assert sample(rows[3], t64(0.2)).item() == 2 and sample(rows[3], t64(0.1999)).item() == 0
 
 
-def test_sample_matches_distribution_and_handles_garbage():
+def test_sample_matches_distribution_and_handles_garbage(sampler):
     p = t64([0.1, 0.0, 0.25, 0.4, 0.25])
     u = torch.rand(B, dtype=torch.float64, generator=torch.Generator().manual_seed(15))
     assert gof(sample(p.expand(B, -1), u), p) > P_OK
@@ -465,3 +475,19 @@ def test_entropy_is_minus_sum_p_log_p_with_0_log_0_as_0():
     h = entropy(p)
     assert torch.equal(h, -torch.special.xlogy(p, p).sum(-1))
     assert h[1] == 0 and h[2].item() == pytest.approx(math.log(1000), rel=1e-5)
+
+
+def test_sampling_by_blocks_picks_what_one_cdf_picks():
+    """The two ways are the same inverse CDF: on the same uniforms they pick the same tokens (up to float
+    rounding at a CDF step, which these draws do not hit), over a real vocabulary size with a shorter last
+    block, for float32 and float64 rows."""
+    gen = torch.Generator().manual_seed(16)
+    V = 9 * S.SAMPLE_BLOCK + 100
+    for dtype in (torch.float32, torch.float64):
+        probs = torch.softmax(3 * torch.randn(64, V, generator=gen, dtype=dtype), -1)
+        probs[:8, ::3] = 0  # zeros inside blocks
+        probs[8:16, : 4 * S.SAMPLE_BLOCK] = 0  # whole blocks of zeros
+        u = torch.rand(64, dtype=torch.float64, generator=gen)
+        u[:4] = t64([0.0, 1 - 2 ** -53, 0.5, 1e-300])
+        assert torch.equal(S.blocked_inverse_cdf(probs, u), S.inverse_cdf(probs, u))
+        assert S.blocked_inverse_cdf(probs[:3].unsqueeze(1), u[:3].unsqueeze(1)).shape == (3, 1)
