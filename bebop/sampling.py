@@ -135,7 +135,7 @@ def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, 
     if all K were accepted, emit a bonus token from p_{K+1}.
     vocab_ids: a reduced draft vocabulary (sorted token ids): draft_probs is then [B, K, Vd] over those ids
     (q = 0 elsewhere) and is never expanded to V. The test u*q(x) < p(x) needs q only at the drafted ids, and
-    the residual max(p - q, 0) is p outside the draft vocabulary, so only the rejected position's q is scattered.
+    the residual max(p - q, 0) is p outside the draft vocabulary, so only the draft vocabulary's columns change.
     Returns tokens [B, K+1] (accepted drafts, the residual/bonus token, then -1) and num_accepted [B]."""
     B, K = draft_tokens.shape
     rows = torch.arange(B)
@@ -151,11 +151,11 @@ def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, 
     # u < p/q written as u*q < p: no division, and q(x) = 0 (a token the draft could not have drawn) rejects
     accepted = (accept_u.double() * q_x < p_x) & (q_x > 0)
     num_accepted = accepted.long().cumprod(-1).sum(-1)
-    stop = num_accepted.clamp(max=K - 1)  # the rejected position, or any valid index when all accepted
-    p_stop, q_stop = target_probs[rows, stop], draft_probs[rows, stop]
-    correction = residual(p_stop, q_stop, vocab_ids)
-    bonus = num_accepted == K  # all K accepted: the bonus token comes from p_{K+1} instead
-    correction[bonus] = target_probs[bonus, K]  # (a fresh tensor: the residual's own, rows copied only where due)
+    # the last token comes from position num_accepted: the residual at the first rejected draft, or p_{K+1}
+    # when all K were accepted, where q counts as 0 and the residual max(p - 0, 0) is p itself
+    last_p = target_probs[rows, num_accepted]
+    last_q = torch.where((num_accepted < K).unsqueeze(-1), draft_probs[rows, num_accepted.clamp(max=K - 1)], 0.0)
+    correction = residual(last_p, last_q, vocab_ids)
     last = sample(correction, final_u)
     tokens = torch.full((B, K + 1), -1, dtype=torch.long)
     keep = torch.arange(K).unsqueeze(0) < num_accepted.unsqueeze(1)
