@@ -14,9 +14,11 @@ from bebop.mtp import new_mtp
 
 
 def brute_force(alphas, costs, max_k):
+    """The K with the most tokens per second, if it beats plain decoding's time per token by the margin."""
     def rate(K):
         return (1 + sum(torch.prod(torch.tensor(alphas[:j + 1])).item() for j in range(K))) / costs[K]
-    return max(range(max_k + 1), key=rate)
+    best = max(range(max_k + 1), key=rate)
+    return best if 1 / rate(best) < (1 - autodraft.DRAFT_MARGIN) / rate(0) else 0
 
 
 def test_choose_draft_len_maximises_tokens_per_second():
@@ -27,6 +29,18 @@ def test_choose_draft_len_maximises_tokens_per_second():
         for costs in ([1.0, 1.13, 1.37, 1.61], [1.0, 1.91, 2.83, 3.71], [1.0, 1.07, 2.03, 2.11]):  # no ties
             assert choose_draft_len(torch.tensor(alphas, dtype=torch.float64), costs, 3) == \
                 brute_force(alphas, costs, 3)
+
+
+def test_drafting_must_beat_plain_decoding_by_the_margin(monkeypatch):
+    m = autodraft.DRAFT_MARGIN
+    alphas = torch.tensor([0.1])  # a step with one draft emits 1.1 tokens per row
+    assert choose_draft_len(alphas, [1.0, 1.1 * (1 - m) * 0.99], 1) == 1
+    assert choose_draft_len(alphas, [1.0, 1.1 * (1 - m) * 1.01], 1) == 0  # better per token, but within the margin
+    # and for a draining batch, on the expected seconds until its last row finishes
+    drain = (torch.full((4, 2), 0.5), torch.zeros(4), torch.full((4,), 32), [0.5, 0.6, 0.7], 0.0)
+    for seconds, K in (([1.0, 0.99 * (1 - m), 2.0], 1), ([1.0, 1.01 * (1 - m), 2.0], 0), ([1.0, 2.0, 0.5], 2)):
+        monkeypatch.setattr(autodraft, "drain_seconds", lambda *a, s=seconds: torch.tensor(s).numpy())
+        assert choose_draft_len(alphas, [1.0, 1.0, 1.0], 2, drain) == K
 
 
 def test_a_draining_batch_waits_for_its_slowest_row():
