@@ -146,14 +146,18 @@ class StepCosts:
     the mean ratio so far) times that K's ratio relative to plain steps at the nearest bucket that measured
     both: the probe misses more of a drafting step than of a plain one (at 64 rows a K = 1 step took 1.41x its
     probe, a plain one 1.31x), and trying each K out at a large batch, where it loses, cost the first batch-64
-    generation 13% in the benchmark when the batch-16 steps had already shown it. The engine takes
+    generation 13% in the benchmark when the batch-16 steps had already shown it. A K's own measurement,
+    once `refresh` steps old, fades towards that estimate (by `forget` a step): a K measured dear is not taken
+    again, so a dear measurement stayed (at batch 1, K = 4 at 1.91x its probe from the second step of a
+    process, never tried again in 300 steps while K = 3 ran at 1.4x). The engine takes
     K = 0 twice per bucket first, and again after every `refresh` steps without one (`wants_baseline`): plain
     decoding is the step every other K must beat, and a baseline measured only in a generation's first, slow
     steps stayed: at batch 64 it stood at 107.6 ms against ~90 ms for plain steps later, and drafting was chosen
     where it did not pay."""
 
-    def __init__(self, target, mtp, max_k: int, decay: float = 0.8, refresh: int = 32):
+    def __init__(self, target, mtp, max_k: int, decay: float = 0.8, refresh: int = 32, forget: float = 0.98):
         self.target, self.mtp, self.max_k, self.decay, self.refresh = target, mtp, max_k, decay, refresh
+        self.forget = forget
         self.probed = {}  # batch bucket -> probed seconds per K
         self.steps = {}  # batch bucket -> steps recorded at it
         self.measured = {}  # (batch bucket, K) -> [running average measured/probed, count, step number when last]
@@ -183,11 +187,14 @@ class StepCosts:
         near = sorted((abs(other.bit_length() - b.bit_length()), other) for other, r in ratios.items() if 0 in r)
         out = []
         for K, probe in enumerate(self.probe(batch)):
-            if K in own:
-                out.append(probe * own[K])
-                continue
-            relative = next((ratios[other][K] / ratios[other][0] for _, other in near if K in ratios[other]), 1.0)
-            out.append(probe * plain * relative)
+            relative = next((ratios[other][K] / ratios[other][0] for _, other in near
+                             if other != b and K in ratios[other]), 1.0)
+            prior = plain * relative
+            if K in own:  # its own measurement, fading back to the prior once it is `refresh` steps old
+                w = self.forget ** max(0, self.steps[b] - self.measured[(b, K)][2] - self.refresh)
+                out.append(probe * (w * own[K] + (1 - w) * prior))
+            else:
+                out.append(probe * prior)
         return out
 
     def ratios(self) -> dict[int, dict[int, float]]:

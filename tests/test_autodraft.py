@@ -268,3 +268,20 @@ def test_step_costs_are_kept_across_generate_calls(tiny_llama, tmp_path, monkeyp
     other = copy.deepcopy(model)
     other.attention = ("matmul", "matmul")  # other kernels cost otherwise
     assert autodraft.step_costs_for(other, mtp, 2) is not first
+
+
+def test_a_dear_measurement_fades_back_to_the_estimate_once_old(monkeypatch):
+    """A K measured dear is not chosen again, so its measurement cannot be corrected by new ones: once
+    `refresh` steps old it fades (by `forget` a step) towards what the plain steps and the probe say."""
+    monkeypatch.setattr(autodraft, "step_costs", lambda target, mtp, batch, max_k: [1.0, 1.2, 1.4][:max_k + 1])
+    costs = autodraft.StepCosts(None, None, 2, decay=0.5, refresh=4, forget=0.5)
+    for K, seconds in ((0, 1.0), (0, 1.0), (2, 7.0), (2, 7.0)):  # K = 2 measured at 5x its probe (a hiccup)
+        costs.record(1, K, seconds)
+    assert costs(1)[2] == pytest.approx(7.0)
+    for step in range(12):  # then only K = 1, at its probe
+        costs.record(1, 1, 1.2)
+        age = step + 1
+        w = 0.5 ** max(0, age - 4)
+        assert costs(1)[2] == pytest.approx(1.4 * (w * 5.0 + (1 - w) * 1.0))
+    assert costs(1)[2] < 1.5  # back near the probe: K = 2 will be tried again
+    assert choose_draft_len(torch.tensor([0.9, 0.9]), costs(1), 2) == 2
