@@ -29,7 +29,7 @@ import torch
 
 from bebop.checkpoint import write_text_atomic
 from bebop.models import registry
-from bebop.models.dtype import cpu_model
+from bebop.models import cpu
 from bebop.mtp import target_forward
 from bebop.sampling import SamplingParams, entropy, probabilities, rejection_sample_uniform, sample
 
@@ -40,8 +40,7 @@ def machine() -> str:
     """What the cost table depends on besides the model: the accelerator or the CPU model, and threads."""
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name()}"
-    name = cpu_model()
-    return f"{name} x{torch.get_num_threads()} threads"
+    return f"{cpu.cpu_model()} [{cpu.describe()}] x{torch.get_num_threads()} threads"
 
 
 def bucket(batch: int) -> int:

@@ -17,16 +17,16 @@ from tqdm import tqdm
 
 from bebop.autodraft import probe_buckets
 from bebop.engine import DEFAULT_MAX_DRAFT_LEN, SpecStats, generate
-from bebop.models.dtype import cpu_model
+from bebop.models import cpu
 from bebop.sampling import SamplingParams
 
 
 def environment(model) -> dict:
     """What a throughput figure depends on: the dtype, the decode attention kernels in use (for one new token
-    per row, for several) and the linear kind, the CPU, threads."""
+    per row, for several) and the linear kind, the CPU and what it can run (bebop.models.cpu), threads."""
     return {"dtype": str(model.embed.weight.dtype).removeprefix("torch."), "attention": list(model.attention),
-            "linear": model.linear,
-            "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__}
+            "linear": model.linear, "cpu": cpu.cpu_model(), "cpu_capability": cpu.describe(),
+            "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
 def hf_generate(hf_model, tokenizer, prompts, max_new_tokens, params: SamplingParams, seed: int,

@@ -17,7 +17,7 @@ import time
 import torch
 
 from bebop.engine import generate
-from bebop.models.dtype import cpu_model
+from bebop.models.cpu import cpu_model
 from bebop.models.registry import chat_ids, load_model
 from bebop.mtp import default_mtp
 from bebop.sampling import SamplingParams

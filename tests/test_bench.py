@@ -4,7 +4,7 @@ transformers' alike); --ignore-eos generates exactly max_new_tokens per request.
 import pytest
 
 from bebop.bench import environment, run_bench
-from bebop.models.dtype import cpu_model
+from bebop.models import cpu
 from bebop.mtp import new_mtp
 from bebop.sampling import SamplingParams
 
@@ -26,5 +26,6 @@ def test_tokens_counted_up_to_eos(load_models, monkeypatch, ignore_eos):
 def test_environment_names_dtype_and_cpu(tiny_llama):
     model, _ = tiny_llama
     env = environment(model)
-    assert env["dtype"] == "float32" and env["attention"] == list(model.attention) and env["cpu"] == cpu_model()
+    assert env["dtype"] == "float32" and env["attention"] == list(model.attention) and env["cpu"] == cpu.cpu_model()
+    assert env["cpu_capability"] == cpu.describe() and cpu.capability() in env["cpu_capability"]
     assert env["threads"] >= 1

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from bebop.errors import BebopError
+from bebop.models import cpu
 from bebop.models import dtype as auto_dtype
 from bebop.models import registry
 
@@ -62,10 +63,11 @@ def test_probe_picks_the_fastest_config(tiny_llama, costs, want):
 
 
 @pytest.mark.parametrize("packed,want", [(0.8, "packed"), (1.1, "plain")])
-def test_probe_picks_packed_weights_where_they_are_faster(tiny_llama, packed, want):
+def test_probe_picks_packed_weights_where_they_are_faster(tiny_llama, packed, want, monkeypatch):
     """Packed and plain weights compute the same products: the faster wins, with no margin; and a dtype is
     judged with its faster linear kind (bf16 10% slower than fp32 with plain weights, 12% faster packed).
-    The pinned torch CPU build has oneDNN's packed linear; a build without it would fail here, not skip."""
+    The timer is fake, so this CPU is told it packs: the rule is tested on every CPU."""
+    monkeypatch.setattr(cpu, "packs_bf16_linears", lambda: True)
     model, _ = tiny_llama
     assert auto_dtype.packs_weights(torch.bfloat16, torch.device("cpu"))
     costs = table((1.0, 1.2, 1.2), (1.1, 1.3, 1.3))
@@ -99,7 +101,7 @@ def test_probe_is_cached_per_model_and_thread_count(tiny_llama, tmp_path, monkey
     auto_dtype.choose(model, "m1", tmp_path, fake_timer(costs, calls))
     assert len(calls) == 3 * n
     keys = list(json.loads((tmp_path / auto_dtype.CACHE_FILE).read_text()))
-    assert len(keys) == 3 and all(auto_dtype.cpu_model() in k and torch.__version__ in k for k in keys)
+    assert len(keys) == 3 and all(cpu.cpu_model() in k and cpu.describe() in k and torch.__version__ in k for k in keys)
     (tmp_path / auto_dtype.CACHE_FILE).write_text("{not json")  # a damaged cache is measured again, not fatal
     assert auto_dtype.choose(model, "m1", tmp_path, fake_timer(costs, calls)) == first and len(calls) == 4 * n
 
@@ -127,4 +129,98 @@ def test_auto_on_test_models_is_fp32_without_probe(tmp_path, monkeypatch):
     assert model.embed.weight.dtype == torch.float32 and not (tmp_path / auto_dtype.CACHE_FILE).exists()
     with pytest.raises(BebopError, match="unknown dtype"):
         registry.load_model("tiny-llama", dtype="float16")
-    assert auto_dtype.cpu_model()
+    assert cpu.cpu_model()
+
+
+AVX2_MESSAGE = ("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl "
+                "and avx512dq")
+
+
+@pytest.fixture
+def avx2_only(monkeypatch):
+    """Pretend this CPU is an AMD EPYC with AVX2 only: no native bf16, so no packed bf16 linears (what torch's
+    queries answer there). Runs the fallback on every machine, the Intel one with AMX included."""
+    monkeypatch.setattr(cpu, "capability", lambda: "AVX2")
+    monkeypatch.setattr(cpu, "native_bf16", lambda: False)
+    monkeypatch.setattr(cpu, "packs_bf16_linears", lambda: False)
+
+
+def local_model(load_models, folder):
+    hf, _, tok = load_models("tiny-qwen3")
+    hf.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def test_a_cpu_without_native_bf16_is_probed_for_what_it_runs(avx2_only, load_models, tmp_path, monkeypatch, capsys):
+    """Issue 21's AVX2 machine: the probe offers no packed linears, says why, keys its cache by the capability;
+    `--dtype bfloat16` loads and generates with plain linears, and a linear told to pack multiplies plainly
+    (what a cache copied from an AMX machine would ask for)."""
+    from bebop.cli import main
+    from bebop.models.decoder import Linear
+
+    folder = local_model(load_models, tmp_path / "model")
+    monkeypatch.setenv("BEBOP_CACHE", str(tmp_path / "cache"))
+    model, _ = registry.load_model(folder, dtype="auto")
+    assert "no native bf16" in capsys.readouterr().err
+    ((key, choice),) = json.loads((tmp_path / "cache" / auto_dtype.CACHE_FILE).read_text()).items()
+    assert "[AVX2 (" in key and "bf16 emulated" in key and choice["capability"] == cpu.describe()
+    assert set(choice["ms"]) == {f"{d}/{a}/plain" for d in auto_dtype.DTYPES for a in auto_dtype.ATTENTION_KINDS}
+    assert choice["linear_for"] == {"float32": "plain", "bfloat16": "plain"} and choice["dropped"] == {}
+
+    forced, _ = registry.load_model(folder, dtype="bfloat16")
+    assert forced.embed.weight.dtype == torch.bfloat16 and forced.linear == "plain"
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    plain = forced.logits(forced(tokens, forced.new_cache(1, 8)))
+    forced.linear = "packed"
+    assert torch.equal(forced.logits(forced(tokens, forced.new_cache(1, 8))), plain)
+    assert not any("_packed" in m.__dict__ for m in forced.modules() if isinstance(m, Linear))
+
+    out = tmp_path / "out.jsonl"
+    main(["generate", "--model", folder, "--prompt", "Hi", "--max-new-tokens", "6", "--dtype", "bfloat16",
+          "--mode", "spec", "--mtp", "random", "--draft-len", "2", "--seed", "0", "--output", str(out)])
+    assert len(json.loads(out.read_text())["tokens"]) >= 1
+
+
+def test_a_kernel_that_raises_in_the_probe_is_dropped_with_a_note(tiny_llama, monkeypatch, capsys):
+    """The queries said yes and the kernel raised anyway (a torch build that packs for other CPUs than it
+    says): the real probe drops each packed config with one line, no traceback, and chooses among the rest."""
+    from bebop.models import decoder
+
+    def refuse(*args):
+        raise RuntimeError(AVX2_MESSAGE + "\n(a second line of the message)")
+
+    monkeypatch.setattr(cpu, "packs_bf16_linears", lambda: True)
+    monkeypatch.setattr(decoder, "reorder_linear_weight", refuse, raising=False)
+    model, _ = tiny_llama
+    got = auto_dtype.probe(model, shapes=((1, 1), (2, 2)), repeats=1)
+    packed = {f"bfloat16/{a}/packed" for a in auto_dtype.ATTENTION_KINDS}
+    assert set(got["dropped"]) == packed and all(v == "RuntimeError: " + AVX2_MESSAGE for v in got["dropped"].values())
+    assert not packed & set(got["ms"]) and got["linear_for"] == {"float32": "plain", "bfloat16": "plain"}
+    notes = [line for line in capsys.readouterr().err.splitlines() if "dropped" in line]
+    assert len(notes) == len(packed) and all("bebop: dtype probe: dropped bfloat16/" in line for line in notes)
+    assert model.linear == "plain" and model.attention == ("sdpa", "sdpa")
+
+
+def test_a_dtype_that_never_runs_is_not_chosen(tiny_llama, monkeypatch):
+    """Every bf16 config raising leaves fp32, and a forced bf16 then keeps the decoder's own kernels; nothing
+    running at all is one clear error."""
+    model, _ = tiny_llama
+    costs = table((1.0, 1.0, 1.0), (0.1, 0.1, 0.1))  # bf16 would win by far, if it ran
+    fast = fake_timer(costs)
+
+    def no_bf16(m, batch, new_tokens):
+        if m.embed.weight.dtype == torch.bfloat16:
+            raise RuntimeError("bf16 refused")
+        return fast(m, batch, new_tokens)
+
+    got = auto_dtype.choose(model, registry.probe_name(model.name), registry.cache_dir(), no_bf16)
+    assert got["dtype"] == "float32" and set(got["attention_for"]) == set(got["linear_for"]) == {"float32"}
+    assert len(got["dropped"]) == len(auto_dtype.ATTENTION_KINDS) * len(auto_dtype.linear_kinds(torch.bfloat16, torch.device("cpu")))
+    assert registry.probed_kernels(model, "bfloat16") == (model.attention, model.linear)
+
+    def nothing(m, batch, new_tokens):
+        raise RuntimeError("no kernel")
+
+    with pytest.raises(BebopError, match="no kernel of this model ran on this machine"):
+        auto_dtype.probe(model, nothing, shapes=((1, 1),), repeats=1)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bebop.errors import BebopError
-from bebop.models import registry
+from bebop.models import cpu, registry
 from bebop.models.decoder import ATTENTION, ATTENTION_KINDS, DECODE_MAX_T, Decoder
 
 NAMES = ["tiny-llama", "tiny-qwen3", "smollm2-135m"]
@@ -211,10 +211,11 @@ def test_broken_model_directory_is_one_clear_error(tmp_path, load_models, broken
         registry.load_model(str(tmp_path))
 
 
+@pytest.mark.skipif(not cpu.packs_bf16_linears(), reason=f"this CPU ({cpu.describe()}) has no packed bf16 linears")
 def test_packed_linear_computes_what_f_linear_does(load_models):
     """bf16 weights pre-packed for oneDNN (Decoder.linear = "packed"): the same logits as plain F.linear on
     decode steps and a prefill, repacked after an in-place weight update and after .to(), and never used where
-    gradients are wanted (training takes the autograd path)."""
+    gradients are wanted (training takes the autograd path). test_dtype.py pretends a CPU without them."""
     from bebop.models.decoder import Linear, packs_weights
 
     _, model, _ = load_models("tiny-llama")

@@ -151,11 +151,14 @@ def test_rollout_worker_runs_the_kernels_probed_for_its_dtype(tmp_path, monkeypa
 
 def test_rollout_dtype_auto_is_the_probes_choice_and_kept_on_resume(tmp_path):
     """--rollout-dtype auto (the default) rolls out in the dtype --dtype auto picks: fp32 for the seeded test
-    models, which are never probed. run.json records it, and a resumed run keeps it."""
+    models, which are never probed. run.json records it with the machine, and a resumed run keeps it."""
     cfg = small(steps=1, rollout_dtype="auto", async_mode="off")
     _, rows = run(cfg, tmp_path / "run")
     meta = json.loads((tmp_path / "run" / "run.json").read_text())
     assert meta["rollout_dtype"] == "float32"
+    from bebop.models import cpu  # and where it ran: the machine's CPU and what it can run, the kernels
+    assert (meta["cpu"], meta["cpu_capability"]) == (cpu.cpu_model(), cpu.describe())
+    assert meta["rollout_linear"] == "plain" and len(meta["rollout_attention"]) == 2
     assert rows[0]["logprob_mismatch"] < 1e-4  # fp32 rollouts, fp32 training: the same numbers
     meta["rollout_dtype"] = "bfloat16"  # as if the probe had chosen bf16 when the run started
     (tmp_path / "run" / "run.json").write_text(json.dumps(meta))

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bebop.models import cpu
+
 
 @dataclass
 class DecoderConfig:
@@ -116,12 +118,13 @@ def apply_rope(x, cos, signed_sin):
 
 
 def packs_weights(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether torch's oneDNN linear can take a pre-packed weight of this dtype here (bf16 on a CPU)."""
-    return device.type == "cpu" and dtype == torch.bfloat16 and MKLDNN_PACKS
+    """Whether torch's oneDNN linear can take a pre-packed weight of this dtype here: bf16 on a CPU whose
+    oneDNN computes bf16 natively (bebop.models.cpu; elsewhere the packing op raises)."""
+    return device.type == "cpu" and dtype == torch.bfloat16 and cpu.packs_bf16_linears()
 
 
-MKLDNN_PACKS = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-if MKLDNN_PACKS:  # looked up once: resolving torch.ops attributes costs microseconds per call, 120 calls a step
+if hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):  # looked up once: resolving torch.ops attributes costs
+    # microseconds per call, 120 calls a step
     reorder_linear_weight, linear_pointwise = torch.ops.mkldnn._reorder_linear_weight, torch.ops.mkldnn._linear_pointwise
 
 
@@ -130,7 +133,8 @@ class Linear(nn.Linear):
     torch's bf16 CPU matmul otherwise lays the whole weight out again on every call: at decode batch sizes
     that is a second pass over the weights, and the packed product took 0.55-0.8x the time on this Intel Xeon
     (issue 7). The results agree with F.linear's (tests/test_models.py); the copy is rebuilt whenever the weight
-    changes: in-place updates (an optimiser step, a weight sync) bump its version, `.to()` replaces it."""
+    changes: in-place updates (an optimiser step, a weight sync) bump its version, `.to()` replaces it. Where
+    this CPU cannot pack (packs_weights), a layer told to pack multiplies plainly."""
 
     pack = False
     PACK_FOR_BATCH = 64  # the row count oneDNN lays the weight out for (with 1 its kernel changes above ~32 rows)

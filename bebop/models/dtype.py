@@ -3,23 +3,26 @@
 Whether bf16 pays depends on the CPU (the same model decoded 2x faster in bf16 on an AMD EPYC with avx512_bf16
 and 1.4x slower on an Intel Xeon with AMX), and so do the faster decode attention kernel and whether packed
 weights pay (decoder.py), so all are measured: a few interleaved forwards of the actual model, per (dtype,
-attention kernel, linear kind), at batch 1 and 16. The answer is cached in the bebop cache dir, keyed by
-everything that changes it: CPU model, torch version, model name, thread count (and the accelerator's name when
-the model is on one).
+attention kernel, linear kind), at batch 1 and 16. Only what this machine can run is timed (bebop.models.cpu:
+no packed bf16 linears without native bf16), and a kernel that raises anyway is dropped with a note. The answer
+is cached in the bebop cache dir, keyed by everything that changes it: CPU model and capability, torch version,
+model name, thread count (and the accelerator's name when the model is on one).
 Only the model runs in bf16: sampling distributions are computed in fp32 (model.logits, bebop.sampling).
 """
 
 import copy
 import json
 import math
-import platform
 import statistics
+import sys
 import time
 
 import torch
 from tqdm import tqdm
 
 from bebop.checkpoint import write_text_atomic
+from bebop.errors import BebopError
+from bebop.models import cpu
 from bebop.models.decoder import ATTENTION_KINDS, LINEAR_KINDS, Decoder, packs_weights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -35,21 +38,12 @@ REPEATS = 2
 MARGIN = 0.95
 
 
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo's "model name", as `lscpu` shows it), else platform's answer."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
 def probe_key(model_name: str, device: torch.device) -> str:
-    where = cpu_model() if device.type == "cpu" else f"{device.type}:{torch.cuda.get_device_name(device)}" \
-        if device.type == "cuda" else device.type
+    """The cache key: everything the probe's answer depends on. The CPU's capability is in it, so a cache
+    copied from a machine with the same model name but other kernels (a cloud CPU string hides a lot) is
+    probed again, not trusted."""
+    where = f"{cpu.cpu_model()} [{cpu.describe()}]" if device.type == "cpu" else \
+        f"{device.type}:{torch.cuda.get_device_name(device)}" if device.type == "cuda" else device.type
     return f"{where} | torch {torch.__version__} | {model_name} | {torch.get_num_threads()} threads"
 
 
@@ -70,59 +64,87 @@ def time_forward(model: Decoder, batch: int, new_tokens: int) -> float:
 
 
 def linear_kinds(dtype: torch.dtype, device: torch.device) -> tuple[str, ...]:
+    """The linear kinds this machine can run in `dtype`: packed only where oneDNN packs it (bebop.models.cpu)."""
     return LINEAR_KINDS if packs_weights(dtype, device) else ("plain",)
 
 
+def note(text: str) -> None:
+    """One line on stderr, above the probe's progress bar."""
+    tqdm.write(f"bebop: dtype probe: {text}", file=sys.stderr)
+
+
 def probe(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPEATS) -> dict:
-    """Time every (dtype, attention kernel, linear kind) on every shape, interleaved (each repetition runs every
-    config in a rotated order, after one warm-up pass); each shape's time is its fastest repetition (load from
-    other processes only adds time). Per dtype and linear kind, the kernel for one new token is the fastest on
-    the shapes with one new token, the kernel for several the fastest on the others (geometric means); per
-    dtype, the linear kind is the one whose kernels give the smaller geometric mean over all shapes (packed
-    and plain compute the same products, so the faster simply wins); the dtype is then chosen the same way.
+    """Time every (dtype, attention kernel, linear kind) this machine offers (linear_kinds) on every shape,
+    interleaved (each repetition runs every config in a rotated order, after one warm-up pass); each shape's
+    time is its fastest repetition (load from other processes only adds time). A config that raises is dropped
+    from the choice with a one-line note (a kernel the capability queries allowed but the CPU refused).
+    Per dtype and linear kind, the kernel for one new token is the fastest on the shapes with one new token,
+    the kernel for several the fastest on the others (geometric means); per dtype, the linear kind is the one
+    whose kernels give the smaller geometric mean over all shapes (packed and plain compute the same products,
+    so the faster simply wins); the dtype is then chosen the same way.
     Returns {"dtype", "attention": [one-token kernel, few-token kernel], "linear", "attention_for": {dtype:
-    that pair}, "linear_for": {dtype: kind}, "shapes", "ms": {config: [ms per shape]}}."""
+    that pair}, "linear_for": {dtype: kind}, "shapes", "ms": {config: [ms per shape]}, "capability",
+    "dropped": {config: why}}; a dtype none of whose configs ran is absent from attention_for and linear_for."""
     models = {"float32": model if model.embed.weight.dtype == torch.float32 else copy.deepcopy(model).float()}
     models["bfloat16"] = copy.deepcopy(models["float32"]).to(torch.bfloat16)
     device = model.embed.weight.device
+    if device.type == "cpu" and not cpu.native_bf16():
+        note(f"this CPU ({cpu.describe()}) has no native bf16: bf16 is measured with plain linears (emulated)")
     configs = [(d, a, lin) for d in DTYPES for lin in linear_kinds(DTYPES[d], device) for a in ATTENTION_KINDS]
     times = {c: [[] for _ in shapes] for c in configs}
+    dropped = {}
     saved = model.attention, model.linear
     try:
         with tqdm(total=(repeats + 1) * len(configs) * len(shapes), desc="dtype probe", unit="fwd", leave=False) as bar:
             for rep in range(repeats + 1):
                 for j, shape in enumerate(shapes):
                     for i in range(len(configs)):
-                        d, a, lin = configs[(i + rep + j) % len(configs)]
-                        models[d].attention, models[d].linear = (a, a), lin
-                        t = timer(models[d], *shape)
-                        if rep > 0:  # repetition 0 warms up allocations and kernels
-                            times[(d, a, lin)][j].append(t)
+                        config = configs[(i + rep + j) % len(configs)]
                         bar.update(1)
+                        if config in dropped:
+                            continue
+                        d, a, lin = config
+                        models[d].attention, models[d].linear = (a, a), lin
+                        try:
+                            t = timer(models[d], *shape)
+                        except Exception as e:  # noqa: BLE001 -- whatever the kernel raised, it cannot run here
+                            dropped[config] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+                            note(f"dropped {'/'.join(config)}: {dropped[config]}")
+                            continue
+                        if rep > 0:  # repetition 0 warms up allocations and kernels
+                            times[config][j].append(t)
     finally:
         model.attention, model.linear = saved
-    ms = {c: [1e3 * min(ts) for ts in times[c]] for c in configs}
+    ms = {c: [1e3 * min(ts) for ts in times[c]] for c in configs if c not in dropped}
+    if not ms:
+        raise BebopError(f"no kernel of this model ran on this machine: {'; '.join(dropped.values())}")
     phases = [[j for j, (_, t) in enumerate(shapes) if (t > 1) == several] for several in (False, True)]
 
     def geomean(xs):
         return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else 1.0
 
     def kernel(d, lin, phase):  # SDPA, the fused kernel, unless another is clearly faster on this phase's shapes
-        score = {a: geomean([ms[(d, a, lin)][j] for j in phase]) for a in ATTENTION_KINDS}
+        score = {a: geomean([ms[(d, a, lin)][j] for j in phase]) for a in ATTENTION_KINDS if (d, a, lin) in ms}
         best = min(score, key=score.get)
-        return best if score[best] < MARGIN * score["sdpa"] else "sdpa"
+        return best if "sdpa" not in score or score[best] < MARGIN * score["sdpa"] else "sdpa"
 
     def overall(d, lin, pair):
         return geomean([ms[(d, pair[shapes[j][1] > 1], lin)][j] for j in range(len(shapes))])
 
-    pairs = {(d, lin): [kernel(d, lin, phase) for phase in phases] for d, _, lin in configs}
-    linear = {d: min(linear_kinds(DTYPES[d], device), key=lambda lin: overall(d, lin, pairs[(d, lin)])) for d in DTYPES}
-    score = {d: overall(d, linear[d], pairs[(d, linear[d])]) for d in DTYPES}
-    pick = "bfloat16" if score["bfloat16"] < MARGIN * score["float32"] else "float32"
-    attention_for = {d: pairs[(d, linear[d])] for d in DTYPES}
+    pairs = {(d, lin): [kernel(d, lin, phase) for phase in phases] for d, _, lin in ms}
+    ran = [d for d in DTYPES if any(key[0] == d for key in pairs)]
+    linear = {d: min((lin for dd, lin in pairs if dd == d), key=lambda lin: overall(d, lin, pairs[(d, lin)]))
+              for d in ran}
+    score = {d: overall(d, linear[d], pairs[(d, linear[d])]) for d in ran}
+    if len(score) == 2:
+        pick = "bfloat16" if score["bfloat16"] < MARGIN * score["float32"] else "float32"
+    else:
+        (pick,) = score
+    attention_for = {d: pairs[(d, linear[d])] for d in ran}
     return {"dtype": pick, "attention": attention_for[pick], "linear": linear[pick], "attention_for": attention_for,
             "linear_for": linear, "shapes": [list(s) for s in shapes],
-            "ms": {f"{d}/{a}/{lin}": ms[(d, a, lin)] for d, a, lin in configs}}
+            "ms": {f"{d}/{a}/{lin}": v for (d, a, lin), v in ms.items()}, "capability": cpu.describe(),
+            "dropped": {"/".join(c): why for c, why in dropped.items()}}
 
 
 def read_cache(cache_dir) -> dict:

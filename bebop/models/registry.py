@@ -209,7 +209,7 @@ def probed_kernels(decoder, dtype: str) -> tuple[tuple[str, str], str]:
     decoder's own where it was never probed (a forced dtype, a copy of the model in another dtype)."""
     key = auto_dtype.probe_key(probe_name(decoder.name), decoder.embed.weight.device) if decoder.name else None
     known = auto_dtype.read_cache(cache_dir()).get(key) if key else None
-    if not known:
+    if not known or dtype not in known["attention_for"]:  # (a dtype whose every kernel raised in the probe)
         return decoder.attention, decoder.linear
     return tuple(known["attention_for"][dtype]), known["linear_for"][dtype]
 

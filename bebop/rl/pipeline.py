@@ -32,6 +32,7 @@ from bebop.engine import generate
 from bebop.errors import BebopError
 from bebop.memory import retain_freed_memory
 from bebop.mtp import MTP
+from bebop.models import cpu
 from bebop.models.decoder import Decoder
 from bebop.models.registry import probed_choice, probed_kernels
 from bebop.rl import grpo
@@ -296,8 +297,10 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
         if rollout_dtype == "auto":  # what --dtype auto would run the model in (probed once per machine)
             choice = probed_choice(policy, policy.name) if policy.name else None
             rollout_dtype = choice["dtype"] if choice else "float32"
-    meta = {"use_bf16": use_bf16, "probe": probe, "rollout_dtype": rollout_dtype, "train_threads": train_threads,
-            "rollout_threads": total // 2 if one_step else total}
+    attention, linear = probed_kernels(policy, rollout_dtype)
+    meta = {"use_bf16": use_bf16, "probe": probe, "rollout_dtype": rollout_dtype, "rollout_attention": list(attention),
+            "rollout_linear": linear, "train_threads": train_threads, "rollout_threads": total // 2 if one_step else total,
+            "cpu": cpu.cpu_model(), "cpu_capability": cpu.describe(), "torch": torch.__version__}
     (out / "run.json").write_text(json.dumps(meta, indent=1))
 
     pool_ids = [chat_ids(tokenizer, t.prompt) for t in train_tasks]

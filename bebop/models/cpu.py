@@ -1,0 +1,66 @@
+"""What this machine's CPU is and which optional kernels it can run, asked of torch before anything is timed.
+
+Machines of one kind come with different CPUs (an Intel Xeon with AMX, an AMD EPYC with avx512_bf16, an AMD
+EPYC with AVX2 only), and a kernel that exists on one raises on another: oneDNN's packed bf16 linear refuses a
+CPU without avx512bw/vl/dq or avx_ne_convert ("bf16 path needs the cpu support ..."), while plain bf16 matmuls
+run there, emulated and slowly. So the probe (bebop.models.dtype) offers a kernel only where these queries say
+it can run, its cache key carries `capability()`, and every speed figure is printed next to `describe()`.
+Tests pretend a poorer CPU by replacing `packs_bf16_linears` / `native_bf16` (callers look them up here at
+call time).
+"""
+
+import functools
+import platform
+
+import torch
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo's "model name", as `lscpu` shows it), else platform's answer."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+@functools.cache
+def capability() -> str:
+    """The vector ISA torch's own kernels dispatch to here: "AVX512", "AVX2", "DEFAULT" (no vector kernels),
+    "ZVECTOR", "SVE256", ... (`ATEN_CPU_CAPABILITY` can lower it)."""
+    return torch.backends.cpu.get_cpu_capability()
+
+
+@functools.cache  # asked on every linear told to pack where packing is refused: torch.ops lookups cost us
+def native_bf16() -> bool:
+    """Whether oneDNN computes bf16 natively here (x86: avx512bw/vl/dq or avx_ne_convert; ARM: the bf16
+    extension). Elsewhere bf16 runs, converted in software: slower than fp32 on every CPU measured so far."""
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+@functools.cache
+def packs_bf16_linears() -> bool:
+    """Whether oneDNN's pre-packed bf16 linear (`mkldnn._reorder_linear_weight`) can run here: it needs
+    native bf16, and this torch build must have the op."""
+    return native_bf16() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def amx() -> bool:
+    """Intel's matrix units (AMX tiles), which oneDNN's bf16 kernels use where present."""
+    return bool(torch.cpu._is_amx_tile_supported())
+
+
+def features() -> list[str]:
+    """The CPU features a bf16 or int8 kernel choice turns on, as /proc/cpuinfo names them."""
+    found = [name for name, query in (("avx512_bf16", torch.cpu._is_avx512_bf16_supported),
+                                      ("amx", amx), ("vnni", torch.cpu._is_vnni_supported)) if query()]
+    return found + (["native bf16"] if native_bf16() else ["bf16 emulated"])
+
+
+def describe() -> str:
+    """One line for logs and result files, e.g. "AVX512 (avx512_bf16, amx, vnni, native bf16)"."""
+    return f"{capability()} ({', '.join(features())})"
