@@ -33,33 +33,48 @@ class MTPConfig:
     dim: int
     draft_vocab_size: int = 0  # 0 = the target's full vocabulary
     layers: int = 1  # decoder blocks per depth (DeepSeek-V3: 1)
+    arch: str = "mtp"  # the draft kind: "mtp" (DeepSeek-V3 layout) or "eagle3" (bebop.eagle3)
     feature_layers: list[int] = field(default_factory=list)  # target layers fed in (EAGLE-3); [] = last hidden
     meta: dict = field(default_factory=dict)  # provenance: loss, draft length, data, step, command
 
 
 class MTP(nn.Module):
+    """A draft the engine, training and analysis drive through one interface: `features` (what it reads of the
+    target), `forward` (one step with its own KV cache), `draft_logits` (over the draft vocabulary), `unroll`
+    (training), `save`. The EAGLE-3 draft (bebop.eagle3) is the other kind; `arch` names it in checkpoints."""
+
+    arch = "mtp"
+
     def __init__(self, target: Decoder, config: MTPConfig | None = None):
         super().__init__()
         self.config = config or MTPConfig(dim=target.cfg.dim)
-        cfg = target.cfg
+        self.config.arch = self.arch
+        self.check(target.cfg)
+        self.feature_layers = tuple(self.config.feature_layers)
+        self.build(target)
+        # the target's modules, shared and frozen; kept out of this module's parameters and state dict
+        object.__setattr__(self, "target", target)
+        self.register_buffer("vocab_ids", torch.arange(0), persistent=True)
+        self.set_draft_vocab(None)
+        set_linear(self, target.linear)  # multiply as the target does (packed weights where the probe chose them)
+
+    def check(self, cfg):
         if self.config.layers < 1:
             raise BebopError(f"an MTP needs at least 1 layer, got {self.config.layers}")
-        bad = [i for i in self.config.feature_layers if not 0 <= i < cfg.n_layers]
+        bad = [i for i in self.config.feature_layers if not -1 <= i < cfg.n_layers]
         if bad or len(set(self.config.feature_layers)) != len(self.config.feature_layers):
-            raise BebopError(f"feature layers must be distinct layer indices of the target in 0..{cfg.n_layers - 1}, "
-                             f"got {self.config.feature_layers}")
-        self.feature_layers = tuple(self.config.feature_layers)
+            raise BebopError(f"feature layers must be distinct layer indices of the target in 0..{cfg.n_layers - 1} "
+                             f"(or -1, the embeddings), got {self.config.feature_layers}")
+
+    def build(self, target: Decoder):
+        """This kind's own modules."""
+        cfg = target.cfg
         if self.feature_layers:
             self.fc = Linear(len(self.feature_layers) * cfg.dim, cfg.dim, bias=False)
         self.enorm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.hnorm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.eh_proj = Linear(2 * cfg.dim, cfg.dim, bias=False)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(self.config.layers))
-        # the target's modules, shared and frozen; kept out of this module's parameters and state dict
-        object.__setattr__(self, "target", target)
-        self.register_buffer("vocab_ids", torch.arange(0), persistent=True)
-        self.set_draft_vocab(None)
-        set_linear(self, target.linear)  # multiply as the target does (packed weights where the probe chose them)
 
     # ----- vocabulary -----
     def set_draft_vocab(self, vocab_ids: torch.Tensor | None):
@@ -84,7 +99,7 @@ class MTP(nn.Module):
     # ----- inference: recursive drafting with a KV cache -----
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         c = self.target.cfg
-        return KVCache(len(self.blocks), batch, c.n_kv_heads, max_len, c.head_dim, self.eh_proj.weight.dtype)
+        return KVCache(len(self.blocks), batch, c.n_kv_heads, max_len, c.head_dim, self.enorm.weight.dtype)
 
     def features(self, target_out: torch.Tensor) -> torch.Tensor:
         """The depth-1 input [.., d] from what the target gives the MTP (target_forward): its last hidden state
@@ -92,7 +107,9 @@ class MTP(nn.Module):
         return self.fc(target_out) if self.feature_layers else target_out
 
     def fuse(self, tokens, hidden):
-        return self.eh_proj(torch.cat([self.enorm(self.target.embed(tokens)), self.hnorm(hidden)], dim=-1))
+        """The first block's input [B, T, d] from the next tokens and the previous hidden states, and what its
+        attention output is added to (None: that input itself)."""
+        return self.eh_proj(torch.cat([self.enorm(self.target.embed(tokens)), self.hnorm(hidden)], dim=-1)), None
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -102,9 +119,10 @@ class MTP(nn.Module):
         positions, mask = step_positions(cache, tokens.shape[1])
         cos, sin = self.target.rope(positions)
         rows = torch.arange(tokens.shape[0], device=tokens.device).unsqueeze(1)
-        x = self.fuse(tokens, hidden)
+        x, residual = self.fuse(tokens, hidden)
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, cache.k[i], cache.v[i], positions, rows, mask, self.target.attention)
+            x = block(x, cos, sin, cache.k[i], cache.v[i], positions, rows, mask, self.target.attention, residual)
+            residual = None
         return x
 
     # ----- training: K depths unrolled on the MTP's own hidden states, as at inference -----
@@ -131,7 +149,7 @@ class MTP(nn.Module):
                 break
             pos = torch.arange(k - 1, k - 1 + n, device=hidden.device).expand(B, n)
             cos, sin = self.target.rope(pos)
-            x = self.fuse(tokens[:, k:k + n], h[:, :n])
+            x, residual = self.fuse(tokens[:, k:k + n], h[:, :n])
             for b, blk in enumerate(self.blocks):
                 q, kk, vv = blk.qkv(x, cos, sin)
                 kk, vv = kk.repeat_interleave(group, 1), vv.repeat_interleave(group, 1)
@@ -150,7 +168,8 @@ class MTP(nn.Module):
                     weights = torch.cat([base, diag], dim=-1).softmax(-1)
                     attn = weights[..., :n] @ v1[:, :, :n]
                     attn = attn + sum(weights[..., n + j:n + j + 1] * cv[:, :, :n] for j, cv in enumerate(chain_v))
-                x = blk.finish(x, attn)
+                x = blk.finish(x if residual is None else residual, attn)
+                residual = None
             h = x
             outs.append(h)
         return outs
@@ -206,16 +225,26 @@ def new_mtp(target: Decoder, seed: int = 0, layers: int = 1, feature_layers=()) 
 CHECKPOINTS = Path(__file__).parent / "checkpoints"
 
 
+def shipped_draft(target: Decoder, arch: str = "mtp") -> MTP | None:
+    """The committed trained draft of kind `arch` for the target (bebop/checkpoints/NAME-ARCH.*), if any."""
+    shipped = CHECKPOINTS / f"{getattr(target, 'name', '')}-{arch}.safetensors"
+    return load_mtp(shipped, target) if shipped.exists() else None
+
+
 def default_mtp(target: Decoder) -> MTP:
     """The committed trained MTP for the target if there is one (bebop/checkpoints/NAME-mtp.*), else a fresh
     seeded MTP."""
-    shipped = CHECKPOINTS / f"{getattr(target, 'name', '')}-mtp.safetensors"
-    return load_mtp(shipped, target) if shipped.exists() else new_mtp(target)
+    return shipped_draft(target) or new_mtp(target)
 
 
 def load_mtp(path: str | Path, target: Decoder) -> MTP:
-    """Load a checkpoint written by `MTP.save`, checking that it fits `target`."""
+    """Load a checkpoint written by `MTP.save`, or an EAGLE-3 directory (bebop.export), checking that it fits
+    `target`."""
     path = Path(path)
+    if path.is_dir():
+        from bebop.export import load_eagle3  # (bebop.export builds on this module)
+
+        return load_eagle3(path, target)
     weights, config_path = path.with_suffix(".safetensors"), path.with_suffix(".json")
     if not weights.exists() or not config_path.exists():
         raise BebopError(f"MTP checkpoint '{path}' needs both {weights.name} and {config_path.name}")
@@ -238,23 +267,32 @@ def mtp_from_state(target: Decoder, state: dict, raw: dict, where: str) -> MTP:
     """An MTP for `target` from a state dict and its config (as MTP.save writes it), checking that it fits."""
     config = MTPConfig(dim=raw.get("dim", 0), draft_vocab_size=raw.get("draft_vocab_size", 0),
                        layers=raw.get("layers", 1), feature_layers=list(raw.get("feature_layers", [])),
-                       meta=raw.get("meta", {}))
+                       arch=raw.get("arch", "mtp"), meta=raw.get("meta", {}))
+    fits = f"MTP checkpoint '{where}' does not fit model '{getattr(target, 'name', '?')}'"
     try:
-        mtp = MTP(target, config)
+        mtp = build_draft(target, config)
     except BebopError as e:
-        raise BebopError(f"MTP checkpoint '{where}' does not fit model '{getattr(target, 'name', '?')}': {e}") from None
+        raise BebopError(f"{fits}: {e}") from None
     # checkpoints from before multi-block MTPs name their one block "block."
     state = {("blocks.0." + k[len("block."):] if k.startswith("block.") else k): v for k, v in state.items()}
+    vocab_ids = state.pop("vocab_ids", torch.arange(0))
+    if len(vocab_ids) and (int(vocab_ids.max()) >= target.cfg.vocab_size or int(vocab_ids.min()) < 0):
+        raise BebopError(f"MTP checkpoint '{where}' has draft token ids beyond the model's vocabulary")
+    mtp.set_draft_vocab(vocab_ids if len(vocab_ids) else None)  # first: an EAGLE-3 head's size follows it
     expected = {k: v.shape for k, v in mtp.state_dict().items() if k != "vocab_ids"}
-    got = {k: v.shape for k, v in state.items() if k != "vocab_ids"}
+    got = {k: v.shape for k, v in state.items()}
     if expected != got:
         bad = sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
-        raise BebopError(f"MTP checkpoint '{where}' does not fit model '{getattr(target, 'name', '?')}': "
-                         f"mismatched weights {bad[:4]}{' ...' if len(bad) > 4 else ''}")
-    state = dict(state)
-    vocab_ids = state.pop("vocab_ids", torch.arange(0))
-    if len(vocab_ids) and int(vocab_ids.max()) >= target.cfg.vocab_size:
-        raise BebopError(f"MTP checkpoint '{where}' has draft token ids beyond the model's vocabulary")
+        raise BebopError(f"{fits}: mismatched weights {bad[:4]}{' ...' if len(bad) > 4 else ''}")
     mtp.load_state_dict(state, strict=False)
-    mtp.set_draft_vocab(vocab_ids if len(vocab_ids) else None)
     return mtp.to(target.embed.weight.dtype).eval()
+
+
+def build_draft(target: Decoder, config: MTPConfig) -> MTP:
+    """An untrained draft of the kind `config.arch` names, shaped for `target`."""
+    from bebop.eagle3 import Eagle3  # (bebop.eagle3 builds on this module)
+
+    kinds = {"mtp": MTP, "eagle3": Eagle3}
+    if config.arch not in kinds:
+        raise BebopError(f"unknown draft kind '{config.arch}' (choose from {', '.join(kinds)})")
+    return kinds[config.arch](target, config)

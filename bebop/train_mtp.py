@@ -29,6 +29,7 @@ from tqdm import tqdm
 from bebop import losses
 from bebop.checkpoint import load_checkpoint, save_checkpoint, write_text_atomic
 from bebop.data import data_identity, load_meta, load_split
+from bebop.eagle3 import N_FEATURE_LAYERS, default_feature_layers, new_eagle3
 from bebop.engine import generate
 from bebop.errors import BebopError
 from bebop.features import TargetFeatures
@@ -58,6 +59,7 @@ class TrainConfig:
     eval_new_tokens: int = 48
     save_every: int = 100
     seed: int = 0
+    arch: str = "mtp"  # the draft kind: "mtp" (DeepSeek-V3 layout) or "eagle3" (what vLLM and SGLang load)
     mtp_layers: int = 1  # decoder blocks of a fresh MTP (DeepSeek-V3: 1)
     feature_layers: tuple[int, ...] = ()  # target layers a fresh MTP reads (EAGLE-3); () = the last hidden state
     # machine-dependent speed-ups, off in the library (the CLI's default is auto): the features' forward in
@@ -181,6 +183,16 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
     if len({i % n_layers for i in cfg.feature_layers}) != len(cfg.feature_layers):
         raise BebopError(f"--feature-layers {list(cfg.feature_layers)}: a layer is given twice")
     feature_layers = tuple(i % n_layers for i in cfg.feature_layers)
+    if cfg.arch not in ("mtp", "eagle3"):
+        raise BebopError(f"unknown --arch '{cfg.arch}' (choose from mtp, eagle3)")
+    if cfg.arch == "eagle3":
+        if cfg.mtp_layers != 1:
+            raise BebopError("--arch eagle3 has one decoder layer: --mtp-layers must be 1")
+        feature_layers = feature_layers or tuple(default_feature_layers(n_layers))
+        if len(feature_layers) != N_FEATURE_LAYERS:
+            raise BebopError(f"--arch eagle3 reads {N_FEATURE_LAYERS} target layers, got --feature-layers "
+                             f"{list(cfg.feature_layers)}")
+        feature_layers = tuple(sorted(feature_layers))  # the engines concatenate them in layer order
     if cfg.mtp_layers > n_layers:
         raise BebopError(f"--mtp-layers {cfg.mtp_layers}: '{target.name}' has only {n_layers} layers to start from")
     meta = load_meta(data_dir)
@@ -216,10 +228,18 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
         mtp = mtp_from_state(target, ckpt.tensors, ckpt.meta["mtp_config"], str(ckpt.path))
         state, start_step = ckpt.state, ckpt.step
     else:
-        mtp = load_mtp(init, target) if init else new_mtp(target, cfg.seed, cfg.mtp_layers, feature_layers)
-        if init and (mtp.config.layers, tuple(mtp.feature_layers)) != (cfg.mtp_layers, feature_layers):
-            raise BebopError(f"--init {init} has {mtp.config.layers} layer(s) and feature layers "
-                             f"{list(mtp.feature_layers) or 'none'}; pass the same --mtp-layers and --feature-layers")
+        if init:
+            mtp = load_mtp(init, target)
+            if cfg.arch == "eagle3" and not cfg.feature_layers:  # an EAGLE-3 draft's own layers, by default
+                feature_layers = tuple(mtp.feature_layers)
+        elif cfg.arch == "eagle3":
+            mtp = new_eagle3(target, cfg.seed, feature_layers)
+        else:
+            mtp = new_mtp(target, cfg.seed, cfg.mtp_layers, feature_layers)
+        if init and (mtp.arch, mtp.config.layers, tuple(mtp.feature_layers)) != (cfg.arch, cfg.mtp_layers, feature_layers):
+            raise BebopError(f"--init {init} is an {mtp.arch} draft with "
+                             f"{mtp.config.layers} layer(s) and feature layers {list(mtp.feature_layers) or 'none'}; "
+                             f"pass the same --arch, --mtp-layers and --feature-layers")
         if cfg.draft_vocab:
             mtp.set_draft_vocab(frequent_tokens(train_rows, cfg.draft_vocab, always=target.eos_ids))
         state, start_step = None, 0

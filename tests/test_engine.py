@@ -21,6 +21,7 @@ import bebop.sampling as sampling
 from bebop.engine import generate
 from bebop.errors import BebopError
 from bebop.models.registry import chat_ids
+from bebop.eagle3 import new_eagle3
 from bebop.mtp import default_mtp, new_mtp
 from bebop.sampling import SamplingParams, probabilities
 
@@ -150,6 +151,23 @@ def test_spec_with_a_two_block_eagle3_mtp_matches_exact_distribution(sharp):
 
 
 @pytest.mark.parametrize("mode", ["spec", "spec-greedy"])
+def test_spec_with_an_eagle3_draft_matches_exact_distribution(sharp, mode):
+    """An EAGLE-3 draft (three captured layers, its own head over a reduced vocabulary that leaves out half the
+    target's tokens, so q = 0 where p > 0): still the target's distribution, tokens and pairs."""
+    model, _, prompt, exact, ar = sharp
+    draft = new_eagle3(model, seed=4)
+    draft.set_draft_vocab(torch.arange(0, model.cfg.vocab_size, 2))
+    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode=mode, mtp=draft, draft_len=2, seed=14, eos_ids=[])
+    assert 0.05 < gen.stats.acceptance_rate < 0.95  # both acceptance and rejection happen
+    toks, ref = token_matrix(gen), token_matrix(ar)
+    for j in range(3):
+        assert gof(toks[:, j], exact[j]) > P_OK, f"{mode} token {j} vs exact"
+        assert two_sample(toks[:, j], ref[:, j]) > P_OK, f"{mode} token {j} vs ar"
+    pairs = lambda t: t[:, 1] * model.cfg.vocab_size + t[:, 2]  # noqa: E731
+    assert two_sample(pairs(toks), pairs(ref)) > P_OK, f"{mode} tokens (1, 2) vs ar"
+
+
+@pytest.mark.parametrize("mode", ["spec", "spec-greedy"])
 def test_exactness_check_catches_a_wrong_residual(sharp, mode, monkeypatch):
     """An engine that resamples from p (not norm(max(p - q, 0))) after a rejection must fail the check."""
     model, mtp, prompt, exact, _ = sharp
@@ -187,7 +205,7 @@ def test_temperature_zero_equals_ar_tiny(name, request):
     ar = generate(model, prompts, 24, greedy, mode="ar", seed=0, eos_ids=[])
     assert all(len(r.tokens) == 24 for r in ar.rollouts)
     accepted = rejected = 0
-    for mtp in [new_mtp(model, 1), agreeable_mtp(model, 1.0, 0.0)]:
+    for mtp in [new_mtp(model, 1), agreeable_mtp(model, 1.0, 0.0), new_eagle3(model, 1)]:
         for mode in ["spec", "spec-greedy"]:
             for K in [1, 3]:
                 gen = generate(model, prompts, 24, greedy, mode=mode, mtp=mtp, draft_len=K, seed=5, eos_ids=[])
@@ -511,13 +529,17 @@ def test_auto_choosing_zero_is_plain_decoding(warm, monkeypatch):
 
 
 @pytest.mark.parametrize("flush", [None, 2])
-@pytest.mark.parametrize("feature_layers", [(), (0, 1)])
+@pytest.mark.parametrize("feature_layers", [(), (0, 1), "eagle3"])
 def test_mtp_catches_up_after_steps_without_drafts(warm, monkeypatch, flush, feature_layers):
     """After K = 0 steps (positions piled up unprojected, flushed when the pile reaches PILE_FLUSH) the first
     draft must be the MTP's prediction on the whole committed sequence: the teacher-forced MTP (MTP.unroll)
-    gives the same q. With an EAGLE-3 MTP too, whose features are projected only when the MTP reads them."""
+    gives the same q. With an MTP reading several layers too, whose features are projected only when the MTP
+    reads them, and with an EAGLE-3 draft (its own layer, norm and head)."""
     model, mtp, tok = warm
-    if feature_layers:
+    if feature_layers == "eagle3":
+        mtp = new_eagle3(model, seed=3)
+        torch.nn.init.normal_(mtp.fc.weight, std=0.3)
+    elif feature_layers:
         mtp = new_mtp(model, seed=3, feature_layers=feature_layers)
         torch.nn.init.normal_(mtp.fc.weight, std=0.3)
     if flush:
@@ -534,7 +556,7 @@ def test_mtp_catches_up_after_steps_without_drafts(warm, monkeypatch, flush, fea
         seq = torch.tensor([prompt + ro.tokens])
         with torch.no_grad():
             out = model.forward_full(seq, capture=mtp.feature_layers)
-            h = mtp.unroll(seq, mtp.features(out[1] if feature_layers else out), 1)[0]
+            h = mtp.unroll(seq, mtp.features(out[1] if mtp.feature_layers else out), 1)[0]
             q = probabilities(mtp.draft_logits(h[0, len(prompt) + m - 1]), params)
         assert tr["draft_entropy"][first] == pytest.approx(float(-torch.special.xlogy(q, q).sum()), abs=1e-4)
 

@@ -38,7 +38,7 @@ def data(sharp, tmp_path_factory):
 
 
 def heldout_alpha(model, mtp, data_dir, K=2):
-    feats = TargetFeatures(model, load_split(data_dir, "heldout"), 1.0, 384)
+    feats = TargetFeatures(model, load_split(data_dir, "heldout"), 1.0, 384, mtp.feature_layers)
     return teacher_forced_eval(mtp, feats, K, 1.0)
 
 
@@ -169,3 +169,31 @@ def test_a_torn_mtp_pair_is_refused(sharp, tmp_path):
     (tmp_path / "a.json").write_text(first)  # a crash between the two renames of a save
     with pytest.raises(BebopError, match="different saves"):
         load_mtp(tmp_path / "a", model)
+
+
+def test_an_eagle3_draft_trains_exports_and_fine_tunes_from_its_export(sharp, data, tmp_path):
+    """--arch eagle3: the same losses and feature cache train it (loss down, held-out acceptance up from the
+    fresh draft), its checkpoint loads as an EAGLE-3 draft, and its export is a valid --init (a user's
+    SpecForge draft fine-tuned with e2e-TV)."""
+    from bebop.eagle3 import Eagle3, new_eagle3
+    from bebop.export import export_eagle3
+
+    model, _ = sharp
+    before = heldout_alpha(model, new_eagle3(model, seed=0), data)
+    cfg = TrainConfig(arch="eagle3", loss="kl+e2e-tv", draft_len=2, steps=40, batch_size=8, lr=3e-3, eval_every=40,
+                      save_every=40, eval_prompts=2, eval_new_tokens=8, draft_vocab=128)
+    draft = train_mtp(model, data, tmp_path / "e3", cfg, progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "e3.metrics.jsonl").read_text().splitlines()]
+    first, last = sum(r["loss"] for r in rows[:5]) / 5, sum(r["loss"] for r in rows[-5:]) / 5
+    assert last < first - 0.02, (first, last)
+    after = heldout_alpha(model, draft, data)
+    assert after["heldout_alpha"][0] > before["heldout_alpha"][0] + 0.03, (before, after)
+    saved = load_mtp(tmp_path / "e3", model)
+    assert isinstance(saved, Eagle3) and len(saved.vocab_ids) == 128 and saved.feature_layers == (-1, 0, 1)
+    export_eagle3(saved, tmp_path / "dir")
+    tuned = train_mtp(model, data, tmp_path / "tuned", replace(cfg, steps=2, loss="e2e-tv", draft_vocab=0),
+                      init=str(tmp_path / "dir"), progress=False)
+    assert isinstance(tuned, Eagle3) and torch.equal(tuned.vocab_ids, saved.vocab_ids)
+    new_mtp(model).save(tmp_path / "mtp")
+    with pytest.raises(BebopError, match="--arch"):  # a DeepSeek-layout --init is not an EAGLE-3 start
+        train_mtp(model, data, tmp_path / "wrong", replace(cfg, steps=2), init=str(tmp_path / "mtp"), progress=False)

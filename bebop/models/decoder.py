@@ -201,18 +201,21 @@ class Block(nn.Module):
         gate, up = self.w13(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.w2(F.silu(gate) * up)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, positions, rows, bias, attention=("sdpa", "sdpa")):
+    def forward(self, x, cos, sin, k_cache, v_cache, positions, rows, bias, attention=("sdpa", "sdpa"), residual=None):
         """x [B, T, dim] at `positions` [B, T] of cache rows `rows` (arange(B)[:, None], built once for all
         layers); writes this step's k/v into the row's cache slots first, then attends over the cache prefix
         allowed by the additive `bias` [B, 1, T, S] (0 or -inf).
-        `attention`: the kernels (ATTENTION_KINDS) for one new token and for 2..DECODE_MAX_T new tokens."""
+        `attention`: the kernels (ATTENTION_KINDS) for one new token and for 2..DECODE_MAX_T new tokens.
+        `residual` [B, T, dim]: what the attention's output is added to, where it is not x (EAGLE-3's layer
+        attends from [embedding ; hidden] and adds to the hidden state)."""
         q, k, v = self.qkv(x, cos, sin)
         k_cache[rows, :, positions] = k.transpose(1, 2)  # index_put: measured no slower than scatter/index_copy
         v_cache[rows, :, positions] = v.transpose(1, 2)
         S = bias.shape[-1]
         T = x.shape[1]
         kind = "sdpa" if T > DECODE_MAX_T else attention[T > 1]
-        return self.finish(x, ATTENTION[kind](q, k_cache[:, :, :S], v_cache[:, :, :S], bias))
+        attn = ATTENTION[kind](q, k_cache[:, :, :S], v_cache[:, :, :S], bias)
+        return self.finish(x if residual is None else residual, attn)
 
 
 # Which attention kernel is fastest for a few new tokens per row depends on the CPU, the dtype and whether a
@@ -318,13 +321,15 @@ class Decoder(nn.Module):
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, cache: KVCache, capture: tuple[int, ...] = ()):
         """Run T new tokens per row [B, T] after each row's cached prefix. Returns the last layer's hidden
-        states [B, T, dim] before the final norm (what an MTP module consumes); with `capture` (layer indices),
-        also those layers' outputs concatenated [B, T, len(capture) * dim] (an EAGLE-3 draft's input). The
+        states [B, T, dim] before the final norm (what an MTP module consumes); with `capture` (layer indices,
+        -1 for the embeddings), also those layers' outputs concatenated [B, T, len(capture) * dim] (an EAGLE-3
+        draft's input). The
         cache lengths are NOT advanced: the caller commits as many positions per row as it keeps."""
         positions, bias = step_positions(cache, tokens.shape[1])
         cos, sin = self.rope(positions)
         rows = torch.arange(tokens.shape[0], device=tokens.device).unsqueeze(1)
-        x, kept = self.embed(tokens), {}
+        x = self.embed(tokens)
+        kept = {-1: x} if -1 in capture else {}
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.k[i], cache.v[i], positions, rows, bias, self.attention)
             if i in capture:
@@ -340,7 +345,8 @@ class Decoder(nn.Module):
         B, S = tokens.shape
         positions = torch.arange(S, device=tokens.device).expand(B, S)
         cos, sin = self.rope(positions)
-        x, kept = self.embed(tokens), {}
+        x = self.embed(tokens)
+        kept = {-1: x} if -1 in capture else {}
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(x, cos, sin)
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)

@@ -31,7 +31,7 @@ from bebop import checkpoint
 from bebop.engine import generate
 from bebop.errors import BebopError
 from bebop.memory import retain_freed_memory
-from bebop.mtp import MTP
+from bebop.mtp import MTP, build_draft
 from bebop.models import cpu
 from bebop.models.decoder import Decoder
 from bebop.models.registry import probed_choice, probed_kernels
@@ -73,7 +73,7 @@ class RolloutWorker:
         self.model.attention, self.model.linear = spec["attention"], spec["linear"]
         self.mtp = None
         if spec["mtp"] is not None:
-            self.mtp = MTP(self.model, copy.deepcopy(spec["mtp"]["config"])).to(spec["device"], DTYPES[dtype])
+            self.mtp = build_draft(self.model, copy.deepcopy(spec["mtp"]["config"])).to(spec["device"], DTYPES[dtype])
             self.mtp.requires_grad_(False).eval()
             ids = spec["mtp"]["vocab_ids"]
             self.mtp.set_draft_vocab(torch.tensor(ids) if ids else None)
