@@ -44,8 +44,9 @@ def number_list(text: str, kind=int, minimum=1) -> list:
 
 def add_model_args(p):
     p.add_argument("--model", default="smollm2-135m", help="registry name or local Hugging Face model directory")
-    p.add_argument("--mtp", default=None, help="MTP checkpoint (NAME.safetensors + NAME.json) or 'random'; default: "
-                                               "the committed one for smollm2-135m, else a seeded random MTP")
+    p.add_argument("--mtp", default=None, help="the draft: an MTP checkpoint (NAME.safetensors + NAME.json), an EAGLE-3 "
+                   "directory (config.json + *.safetensors, as SpecForge writes and `bebop export` writes), 'random' or "
+                   "'random-eagle3' (seeded fresh drafts); default: the committed one for smollm2-135m, else random")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="weights and activations for generating (generate, bench, make-data); auto: bfloat16 where a "
                         "short probe, cached per machine and model, measures it faster, else float32")
@@ -124,11 +125,16 @@ def check_output_dir(path, flag):
 
 
 def check_mtp_file(spec, flag="--mtp"):
-    """A given MTP checkpoint must exist, whatever the mode ('random' is a name, not a file)."""
-    if spec is None or spec == "random":
+    """A given MTP checkpoint or EAGLE-3 directory must exist, whatever the mode ('random' is a name, not a
+    file)."""
+    if spec is None or spec in RANDOM_DRAFTS:
         return
     check_text(spec, flag)
     path = Path(spec)
+    if path.is_dir():
+        if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
+            raise BebopError(f"{flag} {spec}: not an EAGLE-3 directory (needs config.json and *.safetensors)")
+        return
     weights, config = path.with_suffix(".safetensors"), path.with_suffix(".json")
     if not weights.is_file() or not config.is_file():
         raise BebopError(f"{flag} {spec}: no MTP checkpoint there (needs {weights.name} and {config.name})")
@@ -169,12 +175,19 @@ def sampling_params(args):
         raise BebopError(str(e)) from None
 
 
+RANDOM_DRAFTS = ("random", "random-eagle3")
+
+
 def pick_mtp(spec: str | None, model):
-    """--mtp: a checkpoint path, 'random' (seeded fresh MTP), or None (the model's default)."""
+    """--mtp: a checkpoint path or EAGLE-3 directory, 'random' / 'random-eagle3' (seeded fresh drafts), or None
+    (the model's default)."""
+    from bebop.eagle3 import new_eagle3
     from bebop.mtp import default_mtp, load_mtp, new_mtp
 
     if spec == "random":
         return new_mtp(model)
+    if spec == "random-eagle3":
+        return new_eagle3(model)
     return load_mtp(spec, model) if spec else default_mtp(model)
 
 
@@ -262,6 +275,60 @@ def cmd_bench(args):
                                                "ignore_eos": args.ignore_eos, "results": results}, indent=1))
 
 
+def cmd_export(args):
+    from bebop.eagle3 import Eagle3
+    from bebop.export import export_eagle3
+    from bebop.models.registry import load_model
+    from bebop.mtp import shipped_draft
+
+    check_model_args(args)
+    check_output_dir(args.out, "--out")
+    if Path(args.out).is_dir() and any(Path(args.out).iterdir()):
+        raise BebopError(f"--out {args.out}: exists and is not empty; choose another directory")
+    model, _ = load_model(args.model, dtype="float32")  # the draft is written in the dtype it was trained in
+    if args.mtp:
+        draft = pick_mtp(args.mtp, model)
+    else:
+        draft = shipped_draft(model, Eagle3.arch)
+        if draft is None:
+            raise BebopError(f"no EAGLE-3 draft ships for '{args.model}': pass --mtp (a checkpoint trained with "
+                             f"`bebop train-mtp --arch eagle3`, or an EAGLE-3 directory)")
+    out = export_eagle3(draft, args.out)
+    print(f"wrote {out}/config.json, {out}/model.safetensors (EAGLE-3: vLLM speculative_config "
+          f"{{\"method\": \"eagle3\", \"model\": \"{out}\"}}; SGLang --speculative-algorithm EAGLE3 "
+          f"--speculative-draft-model-path {out})", file=sys.stderr)
+
+
+def cmd_check_exactness(args):
+    from bebop.analysis.exactness import check_exactness
+    from bebop.engine import MODES as ENGINE_MODES
+    from bebop.models.registry import chat_ids
+
+    params = sampling_params(args)
+    if args.mode not in ENGINE_MODES or args.mode == "ar":
+        raise BebopError(f"--mode must be spec or spec-greedy, got {args.mode}")
+    if args.draft_len == "auto":
+        raise BebopError("--draft-len: give a number (the test fixes K so that drafts are made every step)")
+    at_least(args, 1, "draft_len", "tokens")
+    at_least(args, 100, "samples")
+    check_model_args(args)
+    model, tok, draft = load(args)
+    prompt = chat_ids(tok, args.prompt)
+    check_context(model, [prompt], args.tokens + args.draft_len + 2)
+    result = check_exactness(model, draft, prompt, params, mode=args.mode, samples=args.samples, tokens=args.tokens,
+                             draft_len=args.draft_len, seed=args.seed, alpha=args.alpha)
+    for t in result["tests"]:
+        print(f"{t['test']:<40} p = {t['p_value']:.4f}")
+    verdict = "consistent with exact sampling" if result["passed"] else "NOT exact: a test rejected at"
+    print(f"{args.mode}, K = {args.draft_len}, T = {args.temperature:g}, {args.samples} samples, acceptance "
+          f"{result['acceptance_rate']:.3f}: {verdict} (family alpha {args.alpha:g}, each test at "
+          f"{result['threshold']:.2g})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    if not result["passed"]:
+        sys.exit(1)
+
+
 def cmd_make_data(args):
     from bebop.data import make_data
 
@@ -309,7 +376,8 @@ def train_config(args):
     return TrainConfig(loss=args.loss, draft_len=args.draft_len, steps=args.steps, batch_size=args.batch_size,
                        lr=args.lr, draft_vocab=args.draft_vocab, eval_every=args.eval_every,
                        save_every=args.save_every, eval_prompts=args.eval_prompts, seed=args.seed,
-                       max_seq_len=args.max_seq_len, eval_sequences=args.eval_sequences, mtp_layers=args.mtp_layers,
+                       max_seq_len=args.max_seq_len, eval_sequences=args.eval_sequences, arch=args.arch,
+                       mtp_layers=args.mtp_layers,
                        feature_layers=parse_layers(args.feature_layers),
                        features_dtype=args.features_dtype, autocast=args.autocast)
 
@@ -480,6 +548,9 @@ def add_train_args(p):
     p.add_argument("--save-every", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-sequences", type=int, default=64, help="held-out sequences for teacher-forced acceptance")
+    p.add_argument("--arch", default="mtp", choices=("mtp", "eagle3"),
+                   help="the draft kind: mtp (DeepSeek-V3 layout, bebop's engine) or eagle3 (LlamaForCausalLMEagle3, "
+                   "which vLLM and SGLang load: `bebop export`); eagle3 reads 3 target layers, by default vLLM's")
     p.add_argument("--mtp-layers", type=int, default=1, help="decoder blocks of a fresh MTP (DeepSeek-V3: 1)")
     p.add_argument("--feature-layers", default="", help="target layers a fresh MTP reads, concatenated and "
                    "projected (EAGLE-3), e.g. 2,15,29; default: the last hidden state alone")
@@ -534,6 +605,23 @@ def build_parser():
                                                              "(default: stop at EOS and count the tokens produced)")
     add_sampling_args(p)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("export", help="write a draft in the EAGLE-3 layout vLLM and SGLang load")
+    add_model_args(p)
+    p.add_argument("--format", default="eagle3", choices=("eagle3",), help="the layout (SpecForge's EAGLE-3 directory)")
+    p.add_argument("--out", required=True, help="directory to write config.json and model.safetensors to")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("check-exactness", help="test that speculative sampling with this model and draft is lossless")
+    add_model_args(p)
+    p.add_argument("--mode", default="spec", help="spec or spec-greedy")
+    p.add_argument("--prompt", default="Tell me a short story.", help="the prompt whose first tokens are sampled")
+    p.add_argument("--samples", type=int, default=2000, help="samples per mode (more: more power)")
+    p.add_argument("--tokens", type=int, default=3, help="tokens sampled per sample")
+    p.add_argument("--alpha", type=float, default=1e-3, help="false-alarm rate of the whole family of tests")
+    p.add_argument("--json", help="write the p-values here")
+    add_sampling_args(p)
+    p.set_defaults(func=cmd_check_exactness, draft_len=2)
 
     p = sub.add_parser("make-data", help="self-distillation data: the target's own samples")
     add_model_args(p)

@@ -85,6 +85,22 @@ def smollm2_gguf() -> tuple[str, str]:
 
 
 def smollm2():
+    return local_model(smollm2_dir())
+
+
+def hf_dir(name: str) -> Path:
+    """The Hugging Face directory of a registry name or local model directory, as other engines (vLLM) load it:
+    the default model's dequantised copy in the cache. The seeded test models have none."""
+    if name == DEFAULT_MODEL:
+        return smollm2_dir()
+    if name in TINY:
+        raise BebopError(f"'{name}' exists only in memory; save it with save_pretrained to hand it to another engine")
+    check_model_dir(name)
+    return Path(name)
+
+
+def smollm2_dir() -> Path:
+    """The default model as a plain fp32 Hugging Face directory, dequantised from its GGUF once into the cache."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cached = cache_dir() / DEFAULT_MODEL
@@ -103,7 +119,7 @@ def smollm2():
         save_file(weights, tmp / "model.safetensors")  # lm_head is tied to the embedding
         if not cached.exists():  # another process may have won the race; its copy is as good
             tmp.replace(cached)
-    return local_model(cached)
+    return cached
 
 
 def check_model_dir(path) -> dict:
