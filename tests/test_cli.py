@@ -280,6 +280,21 @@ SWEEP = [  # (arguments, what the one line must say)
     (ENT + ["--mtp", "{d}/missing"], "no MTP checkpoint there"),
     (ENT + ["--prompts", "{d}/badjson.jsonl"], "badjson.jsonl:2"),
     (ENT + ["--max-new-tokens", "5000"], "exceeds the context"),
+    (TRAIN + ["--arch", "eagle3", "--mtp-layers", "2"], "--mtp-layers must be 1"),
+    (TRAIN + ["--arch", "eagle3", "--feature-layers", "0,1"], "reads 3 target layers"),
+    (TRAIN + ["--arch", "medusa"], "invalid choice"),
+    (["export", "--model", "tiny-llama", "--out", "{d}/e"], "no EAGLE-3 draft ships"),
+    (["export", "--model", "tiny-llama", "--mtp", "random", "--out", "{d}/e"], "DeepSeek-layout MTP"),
+    (["export", "--model", "tiny-llama", "--mtp", "{d}/missing", "--out", "{d}/e"], "no MTP checkpoint there"),
+    (["export", "--model", "tiny-llama", "--mtp", "{d}/adir", "--out", "{d}/e"], "not an EAGLE-3 directory"),
+    (["export", "--model", "tiny-llama", "--mtp", "random-eagle3", "--out", "{d}/afile"], "exists and is not a dir"),
+    (["export", "--model", "tiny-llama", "--mtp", "random-eagle3", "--format", "gguf", "--out", "{d}/e"],
+     "invalid choice"),
+    (["check-exactness", "--model", "tiny-llama", "--mode", "ar"], "--mode must be spec or spec-greedy"),
+    (["check-exactness", "--model", "tiny-llama", "--draft-len", "auto"], "give a number"),
+    (["check-exactness", "--model", "tiny-llama", "--samples", "10"], "--samples must be >= 100"),
+    (["check-exactness", "--model", "tiny-llama", "--tokens", "0"], "--tokens must be >= 1"),
+    (["check-exactness", "--model", "tiny-llama", "--mtp", "{d}/missing"], "no MTP checkpoint there"),
 ]
 
 
