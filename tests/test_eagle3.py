@@ -198,3 +198,66 @@ def test_export_command(tmp_path, capsys):
 def test_an_mtp_is_not_an_eagle3_draft(tiny_llama, tmp_path):
     with pytest.raises(BebopError, match="DeepSeek-layout MTP"):
         export_eagle3(new_mtp(tiny_llama[0]), tmp_path)
+
+
+def test_a_specforge_directory_imports(tiny_llama, tmp_path):
+    """A directory as SpecForge writes it, not by bebop: its own embed_tokens copy (ignored: both engines use
+    the target's), layer ids only in eagle_config (SGLang's count, taken as bebop's), no norm_before_residual;
+    and one with no ids at all, which reads the engines' default layers."""
+    model, _ = tiny_llama
+    c, d = model.cfg, model.cfg.dim
+    g = torch.Generator().manual_seed(5)
+    used = torch.tensor([1, 2, 9, 30, 31, 200])
+    files = {"fc.weight": torch.randn(d, 3 * d, generator=g), "norm.weight": torch.rand(d, generator=g) + 0.5,
+             "lm_head.weight": torch.randn(len(used), d, generator=g), "embed_tokens.weight": torch.randn(c.vocab_size, d),
+             "d2t": used - torch.arange(len(used)), "t2d": torch.zeros(c.vocab_size, dtype=torch.bool).index_fill_(0, used, True)}
+    shapes = {"self_attn.q_proj": (c.n_heads * c.head_dim, 2 * d), "self_attn.k_proj": (c.n_kv_heads * c.head_dim, 2 * d),
+              "self_attn.v_proj": (c.n_kv_heads * c.head_dim, 2 * d), "self_attn.o_proj": (d, c.n_heads * c.head_dim),
+              "mlp.gate_proj": (c.hidden_dim, d), "mlp.up_proj": (c.hidden_dim, d), "mlp.down_proj": (d, c.hidden_dim)}
+    files |= {f"midlayer.{k}.weight": torch.randn(*s, generator=g) * 0.1 for k, s in shapes.items()}
+    files |= {f"midlayer.{k}.weight": torch.rand(d, generator=g) + 0.5
+              for k in ("input_layernorm", "hidden_norm", "post_attention_layernorm")}
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": d,
+              "intermediate_size": c.hidden_dim, "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads,
+              "num_hidden_layers": 1, "vocab_size": c.vocab_size, "draft_vocab_size": len(used), "rms_norm_eps": c.norm_eps,
+              "rope_theta": c.rope_theta, "max_position_embeddings": 4096, "tie_word_embeddings": False,
+              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 0, 1], "use_aux_hidden_state": True}}
+    save_file(files, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    draft = load_mtp(tmp_path, model)
+    assert draft.feature_layers == (-1, 0, 1) and torch.equal(draft.vocab_ids, used)
+    assert torch.equal(draft.lm_head.weight, files["lm_head.weight"]) and torch.equal(draft.fc.weight, files["fc.weight"])
+    q, k, v = draft.blocks[0].wqkv.weight.split([c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim])
+    assert torch.equal(k, files["midlayer.self_attn.k_proj.weight"])
+    del config["eagle_config"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert load_mtp(tmp_path, model).feature_layers == tuple(default_feature_layers(c.n_layers))
+
+
+def test_an_export_is_studied_and_trained_through_rl(tmp_path, capsys):
+    """`analyze entropy` reads an EAGLE-3 directory, and GRPO runs with one trained online (its own head is
+    part of the weights synced to the rollout worker)."""
+    from bebop.models.registry import load_model
+    from bebop.rl.config import RLConfig
+    from bebop.rl.pipeline import run_rl
+
+    main(["export", "--model", "tiny-llama", "--mtp", "random-eagle3", "--out", str(tmp_path / "e3")])
+    main(["analyze", "entropy", "--model", "tiny-llama", "--mtp", str(tmp_path / "e3"), "--num-prompts", "2",
+          "--temperatures", "0.8,1.2", "--max-new-tokens", "6", "--bootstrap", "20", "--out", str(tmp_path / "ent")])
+    assert any((tmp_path / "ent").iterdir())
+    policy, tok = load_model("tiny-llama")
+    draft = load_mtp(tmp_path / "e3", policy)
+    cfg = RLConfig(model="tiny-llama", steps=2, prompts_per_step=2, num_generations=2, max_completion_length=8,
+                   learning_rate=1e-3, micro_batch_size=4, autocast="off", rollout="spec", eval_prompts=1, threads=2,
+                   rollout_dtype="float32", async_mode="one-step", mtp_strategy="online-e2e-tv")
+
+    class Task:
+        prompt = "say hi"
+
+        def reward(self, completion):
+            return float(len(completion) % 2)
+
+    before = draft.lm_head.weight.detach().clone()
+    rows = run_rl(cfg, tmp_path / "rl", policy, tok, [Task()] * 4, [Task()], draft, progress=False)
+    assert len(rows) == 2 and all(r["mtp_train_s"] > 0 and 0 <= r["acceptance_rate"] <= 1 for r in rows)
+    assert not torch.equal(draft.lm_head.weight, before)  # the draft's own head trained
