@@ -106,7 +106,8 @@ def step_costs(target, mtp, batch: int, max_k: int) -> list[float]:
     key = "|".join([str(target.name or f"dim{target.cfg.dim}x{target.cfg.n_layers}"),
                     str(target.embed.weight.dtype), str(target.embed.weight.device.type), machine(),
                     f"attention={','.join(target.attention)}", f"linear={target.linear}",
-                    f"draft_vocab={len(mtp.vocab_ids) or target.cfg.vocab_size}", f"mtp_layers={len(mtp.blocks)}",
+                    f"draft_vocab={len(mtp.vocab_ids) or target.cfg.vocab_size}", f"draft={mtp.arch}",
+                    f"mtp_layers={len(mtp.blocks)}",
                     f"feature_layers={len(mtp.feature_layers)}", f"batch={b}"])
     path = registry.cache_dir() / COST_FILE
     try:
