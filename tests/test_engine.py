@@ -13,15 +13,16 @@ import math
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chi2_contingency, chisquare
 
 import bebop.autodraft as autodraft
 import bebop.engine as engine
 import bebop.sampling as sampling
+from bebop.analysis.exactness import goodness_of_fit as gof
+from bebop.analysis.exactness import two_sample
+from bebop.eagle3 import new_eagle3
 from bebop.engine import generate
 from bebop.errors import BebopError
 from bebop.models.registry import chat_ids
-from bebop.eagle3 import new_eagle3
 from bebop.mtp import default_mtp, new_mtp
 from bebop.sampling import SamplingParams, probabilities
 
@@ -52,31 +53,6 @@ def agreeable_mtp(model, e=0.5, h=0.5, seed=0):
 
 def token_matrix(gen):
     return np.array([r.tokens for r in gen.rollouts])
-
-
-def gof(samples, probs, min_expected=5.0):
-    """Chi-square goodness of fit to exact probabilities, cells with small expectation merged."""
-    samples = np.asarray(samples)
-    counts = np.bincount(samples, minlength=len(probs)).astype(float)
-    assert counts[probs <= 0].sum() == 0, "sampled a token of probability zero"
-    expected = probs / probs.sum() * len(samples)
-    big = expected >= min_expected
-    o = np.append(counts[big], counts[~big].sum())
-    e = np.append(expected[big], expected[~big].sum())
-    keep = e > 0
-    return chisquare(o[keep], e[keep] * o[keep].sum() / e[keep].sum()).pvalue
-
-
-def two_sample(a, b, min_count=5):
-    """Chi-square two-sample test on the union of seen values, rare cells merged."""
-    a, b = np.asarray(a), np.asarray(b)
-    values = np.union1d(a, b)
-    ca = np.array([(a == v).sum() for v in values])
-    cb = np.array([(b == v).sum() for v in values])
-    big = (ca + cb) >= 2 * min_count
-    ca, cb = np.append(ca[big], ca[~big].sum()), np.append(cb[big], cb[~big].sum())
-    keep = (ca + cb) > 0
-    return chi2_contingency(np.stack([ca[keep], cb[keep]]))[1]
 
 
 # ---------------------------------------------------------------------------------------------------------
