@@ -51,18 +51,18 @@ def test_vllm_drafts_with_the_export(runs):
 # Measured 2026-12-01 (examples/compare_vllm.py, 65 hand-written prompts, fp32, T=1, K=3): bebop's engine accepts
 # 0.41 / 0.18 / 0.08 per position with this draft, vLLM 0.002 / 0.000 / 0.000 with its export (a random full-vocabulary
 # draft got 0.05 at depth 1 in vLLM). The layers vLLM reads are right (its log: "Using auxiliary layers from
-# speculative config: (2, 15, 27)"); what differs is not found yet. These two fail until it is.
+# speculative config: (2, 15, 27)"); what differs is not found yet (measured on the Intel AMX CPU only).
 MISMATCH = "vLLM accepts ~0 of the shipped draft's export while bebop's engine accepts 0.41 at depth 1: cause not found"
 
 
-@pytest.mark.xfail(strict=True, reason=MISMATCH)
+@pytest.mark.xfail(strict=False, reason=MISMATCH)  # not strict: on another CPU vLLM may well accept
 def test_vllm_acceptance_is_far_above_a_random_drafts(runs):
     theirs, _ = runs
     assert theirs["per_position_acceptance"][0] > 0.3, theirs  # a random draft: 0.02-0.05
     assert theirs["mean_acceptance_length"] > 1.5, theirs
 
 
-@pytest.mark.xfail(strict=True, reason=MISMATCH)
+@pytest.mark.xfail(strict=False, reason=MISMATCH)  # not strict: on another CPU vLLM may well accept
 def test_vllm_accepts_what_bebops_engine_accepts(runs):
     """The same draft, prompts, T and K: per-position acceptance agrees within sampling noise (~130 steps a
     side: a standard error of ~0.04 per position)."""
