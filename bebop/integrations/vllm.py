@@ -46,7 +46,8 @@ def run(args) -> dict:
         spec = {"method": "eagle3", "model": args.draft, "num_speculative_tokens": args.num_speculative_tokens,
                 "draft_sample_method": args.draft_sample_method}
     llm = LLM(model=args.model, dtype=args.dtype, speculative_config=spec, disable_log_stats=False, seed=args.seed,
-              gpu_memory_utilization=0.4, max_model_len=args.max_model_len, enable_prefix_caching=False)
+              gpu_memory_utilization=0.4, max_model_len=args.max_model_len, enable_prefix_caching=False,
+              enforce_eager=args.enforce_eager)
     params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed + i,
                              ignore_eos=args.ignore_eos) for i in range(len(prompts))]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -69,6 +70,8 @@ def main(argv=None):
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="skip vLLM's torch.compile of the model: starts in seconds instead of minutes, decodes slower")
     args = p.parse_args(argv)
     for key, value in cpu_environment().items():
         os.environ.setdefault(key, value)
