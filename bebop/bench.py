@@ -6,8 +6,11 @@ mode is its tokens/s over `ar`'s from the same run. By default a request stops a
 tokens/s counts the tokens actually produced (every mode gets the same prompts and seeds); acceptance is then
 measured only on text the model itself produced. `ignore_eos` (vLLM's --ignore-eos) makes every row generate
 exactly max_new_tokens instead, so all modes do the same amount of work.
-`hf` is transformers' own `generate` on the same prompts and settings, in the same dtype (the baseline of the
-issue tracker). Every figure is recorded with what it depends on (`environment`).
+`hf` is transformers' own `generate` on the same prompts and settings, in the same dtype. `vllm` is vLLM's
+plain decoding and `vllm-spec` vLLM with the draft's EAGLE-3 export, each an engine kept alive in its own
+process (bebop.integrations.vllm.VllmEngine) and timed by its own `generate` call: same prompts (chat template),
+seeds, EOS handling and dtype; while one side runs the other waits, so each has the machine's cores.
+Every figure is recorded with what it depends on (`environment`).
 """
 
 import time
@@ -62,7 +65,8 @@ def merge(total: SpecStats, s: SpecStats):
 
 def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: list[str], draft_len: int,
               params: SamplingParams, max_new_tokens: int, seed: int = 0, repeats: int = 3, mtp=None,
-              hf_model=None, tokenizer=None, ignore_eos: bool = False) -> list[dict]:
+              hf_model=None, tokenizer=None, ignore_eos: bool = False, vllm: dict | None = None) -> list[dict]:
+    """`vllm`: {"vllm": VllmEngine, "vllm-spec": VllmEngine} for the vLLM modes requested."""
     eos_ids = [] if ignore_eos else list(model.eos_ids)
 
     def run(mode, bs, rep):
@@ -72,6 +76,12 @@ def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: li
         start = time.perf_counter()
         if mode == "hf":
             tokens, stats = hf_generate(hf_model, tokenizer, batch, max_new_tokens, params, seed + rep, eos_ids), None
+        elif mode in (vllm or {}):
+            r = vllm[mode].generate(batch, max_new_tokens, params.temperature, params.top_p, params.top_k,
+                                    seeds=[seed + rep * bs + i for i in range(bs)], ignore_eos=ignore_eos)
+            stats = SpecStats(draft_len=len(r["accepted_at"]), steps=r["drafts"], drafted=r["drafted"],
+                              accepted=r["accepted"], accepted_at=r["accepted_at"]) if r["drafts"] else None
+            return r["seconds"], sum(map(len, r["tokens"])), stats
         else:
             g = generate(model, batch, max_new_tokens, params, mode=mode, mtp=mtp, draft_len=draft_len,
                          seed=seed + rep, eos_ids=eos_ids)
@@ -103,7 +113,8 @@ def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: li
             s = a["stats"]
             tps = a["tokens"] / a["time"]
             results.append({
-                "mode": mode, "batch_size": bs, "draft_len": draft_len if mode.startswith("spec") else 0,
+                "mode": mode, "batch_size": bs,
+                "draft_len": (s.draft_len if mode == "vllm-spec" else draft_len) if "spec" in mode else 0,
                 "temperature": params.temperature, "tokens_per_s": tps,
                 "speedup_vs_ar": tps / (ar["tokens"] / ar["time"]) if ar else None,
                 "acceptance_rate": s.acceptance_rate, "mean_acceptance_length": s.mean_acceptance_length,

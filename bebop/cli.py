@@ -9,6 +9,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from safetensors import SafetensorError
@@ -240,6 +241,36 @@ def cmd_generate(args):
     print(json.dumps({"mode": args.mode, **g.stats.summary()}), file=sys.stderr)
 
 
+def start_vllm(args, model, mtp, modes: list[str], tmp: Path) -> dict:
+    """A vLLM engine per vLLM mode of bench, in the model's dtype; vllm-spec with the draft's EAGLE-3 export."""
+    from bebop.integrations import vllm
+
+    if not modes:
+        return {}
+    if not vllm.installed():
+        raise BebopError("the vllm modes need vLLM: pip install 'bebop[vllm]'")
+    if "vllm-spec" in modes and mtp.arch != "eagle3":
+        raise BebopError("vllm-spec needs an EAGLE-3 draft (--mtp DIR, an EAGLE-3 checkpoint, or random-eagle3): "
+                         "the DeepSeek MTP layout loads in bebop's engine only")
+    from bebop.export import export_eagle3
+    from bebop.models.registry import hf_dir
+
+    model_dir, dtype = hf_dir(args.model), str(model.embed.weight.dtype).removeprefix("torch.")
+    draft = export_eagle3(mtp, tmp / "eagle3") if "vllm-spec" in modes else None
+    k = args.draft_len if isinstance(args.draft_len, int) else 3
+    engines = {}
+    try:
+        for mode in modes:
+            print(f"bebop: starting vLLM for {mode} (minutes the first time: it compiles the model)", file=sys.stderr)
+            engines[mode] = vllm.VllmEngine(model_dir, dtype, draft=draft if mode == "vllm-spec" else None,
+                                       num_speculative_tokens=k, seed=args.seed)
+    except BebopError:
+        for engine in engines.values():
+            engine.close()
+        raise
+    return engines
+
+
 def cmd_bench(args):
     from bebop.bench import environment, format_table, run_bench
     from bebop.engine import MODES as ENGINE_MODES
@@ -249,21 +280,28 @@ def cmd_bench(args):
     params = sampling_params(args)
     batch_sizes = number_list(args.batch_sizes)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in (*ENGINE_MODES, "hf")]
+    known = (*ENGINE_MODES, "hf", "vllm", "vllm-spec")
+    bad = [m for m in modes if m not in known]
     if bad or not modes:
-        raise BebopError(f"unknown mode(s) {bad or modes}: choose from {', '.join((*ENGINE_MODES, 'hf'))}")
+        raise BebopError(f"unknown mode(s) {bad or modes}: choose from {', '.join(known)}")
     at_least(args, 1, "repeats")
     check_model_args(args)
     if args.json is not None:
         check_output_file(args.json, "--json")
     texts = load_prompts_file(args.prompts) if args.prompts else default_prompts(max(batch_sizes) * args.repeats)
-    model, tok, mtp = load(args, need_mtp=any(m.startswith("spec") for m in modes))
+    model, tok, mtp = load(args, need_mtp=any("spec" in m for m in modes))
     prompts = [chat_ids(tok, t) for t in texts]
     check_context(model, prompts, args.max_new_tokens)
     hf_model = load_hf(args.model)[0].to(model.embed.weight.dtype) if "hf" in modes else None
-    results = run_bench(model, prompts, batch_sizes, modes, args.draft_len, params, args.max_new_tokens,
-                        seed=args.seed, repeats=args.repeats, mtp=mtp, hf_model=hf_model, tokenizer=tok,
-                        ignore_eos=args.ignore_eos)
+    with tempfile.TemporaryDirectory() as tmp:
+        vllm = start_vllm(args, model, mtp, [m for m in modes if m.startswith("vllm")], Path(tmp))
+        try:
+            results = run_bench(model, prompts, batch_sizes, modes, args.draft_len, params, args.max_new_tokens,
+                                seed=args.seed, repeats=args.repeats, mtp=mtp, hf_model=hf_model, tokenizer=tok,
+                                ignore_eos=args.ignore_eos, vllm=vllm)
+        finally:
+            for engine in vllm.values():
+                engine.close()
     env = environment(model)
     print(f"{args.model}, --dtype {args.dtype}: " + ", ".join(f"{k} {v}" for k, v in env.items())
           + (", fixed length (--ignore-eos)" if args.ignore_eos else ", requests stop at EOS"))
@@ -597,7 +635,9 @@ def build_parser():
     p = sub.add_parser("bench", help="tokens/s and acceptance per mode and batch size, interleaved")
     add_model_args(p)
     p.add_argument("--batch-sizes", default="1,4,16")
-    p.add_argument("--modes", default="ar,spec,spec-greedy", help="any of ar, spec, spec-greedy, hf (transformers)")
+    p.add_argument("--modes", default="ar,spec,spec-greedy",
+                   help="any of ar, spec, spec-greedy, hf (transformers), vllm (vLLM's plain decoding), vllm-spec "
+                        "(vLLM with the draft's EAGLE-3 export; vLLM has no auto K: it drafts --draft-len, 3 for auto)")
     p.add_argument("--prompts", help="JSONL prompts (default: built-in held-out task prompts)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", help="write the results here")

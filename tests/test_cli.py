@@ -400,3 +400,17 @@ def test_a_full_disk_while_saving_weights_is_one_line(tmp_path, capsys, monkeypa
     assert exc.value.code == 2 and "Traceback" not in err
     assert err.strip().splitlines() == ["bebop: error: Error while serializing: I/O error: No space left on device "
                                         "(os error 28)"]
+
+
+def test_bench_vllm_modes_refuse_what_vllm_cannot_run_before_starting_it(capsys, monkeypatch):
+    """One line before any engine starts: a model that lives only in memory, a DeepSeek-layout draft for
+    vllm-spec, no vLLM installed."""
+    from bebop.integrations import vllm
+
+    monkeypatch.setattr(vllm.VllmEngine, "__init__", lambda *a, **k: pytest.fail("no engine may start"))
+    monkeypatch.setattr(vllm, "installed", lambda: True)
+    bench = ["bench", "--model", "tiny-llama", "--batch-sizes", "1", "--repeats", "1", "--max-new-tokens", "2"]
+    assert "vllm-spec needs an EAGLE-3 draft" in run_error(capsys, [*bench, "--modes", "vllm-spec", "--mtp", "random"])
+    assert "exists only in memory" in run_error(capsys, [*bench, "--modes", "ar,vllm-spec", "--mtp", "random-eagle3"])
+    monkeypatch.setattr(vllm, "installed", lambda: False)
+    assert "pip install 'bebop[vllm]'" in run_error(capsys, [*bench, "--modes", "vllm"])

@@ -11,8 +11,11 @@ import sys
 
 import pytest
 
+from bebop.bench import run_bench
 from bebop.engine import generate
+from bebop.errors import BebopError
 from bebop.export import export_eagle3
+from bebop.integrations.vllm import VllmEngine
 from bebop.models.registry import chat_ids, hf_dir
 from bebop.mtp import shipped_draft
 from bebop.sampling import SamplingParams
@@ -28,23 +31,24 @@ K, NEW, N_PROMPTS = 3, 48, 16
 
 
 @pytest.fixture(scope="module")
-def runs(smollm2, tmp_path_factory):
-    """vLLM's and bebop's engine's acceptance with the shipped EAGLE-3 draft, same prompts and settings."""
+def setup(smollm2, tmp_path_factory):
+    """The shipped EAGLE-3 draft, its export in a vLLM engine (kept for the module), and the prompts."""
     model, tok = smollm2
     draft = shipped_draft(model, "eagle3")
     assert draft is not None, "bebop/checkpoints/smollm2-135m-eagle3.* must ship"
-    out = tmp_path_factory.mktemp("vllm")
-    export_eagle3(draft, out / "draft")
-    prompts = [chat_ids(tok, p) for p in default_prompts(N_PROMPTS)]
-    (out / "prompts.jsonl").write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in prompts))
-    cmd = [sys.executable, "-m", "bebop.integrations.vllm", "--model", str(hf_dir("smollm2-135m")),
-           "--draft", str(out / "draft"), "--prompts", str(out / "prompts.jsonl"), "--num-speculative-tokens", str(K),
-           "--temperature", "1.0", "--max-tokens", str(NEW), "--enforce-eager"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (line,) = [x for x in proc.stdout.splitlines() if x.startswith('{"tokens"')]
+    export = export_eagle3(draft, tmp_path_factory.mktemp("vllm") / "draft")
+    engine = VllmEngine(hf_dir("smollm2-135m"), "float32", draft=export, num_speculative_tokens=K, enforce_eager=True)
+    yield model, draft, engine, [chat_ids(tok, p) for p in default_prompts(N_PROMPTS)]
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def runs(setup):
+    """vLLM's and bebop's engine's acceptance with the shipped EAGLE-3 draft, same prompts and settings."""
+    model, draft, engine, prompts = setup
+    theirs = engine.generate(prompts, NEW, 1.0, seeds=list(range(len(prompts))))
     ours = generate(model, prompts, NEW, SamplingParams(1.0), mode="spec", mtp=draft, draft_len=K, seed=0)
-    return json.loads(line), ours.stats
+    return theirs, ours.stats
 
 
 def test_vllm_drafts_with_the_export(runs):
@@ -65,6 +69,26 @@ def test_vllm_accepts_what_bebops_engine_accepts(runs):
     theirs, ours = runs
     for i, (a, b) in enumerate(zip(theirs["per_position_acceptance"], ours.per_position_acceptance)):
         assert abs(a - b) < 0.12, (i, theirs["per_position_acceptance"], ours.per_position_acceptance)
+
+
+def test_bench_times_vllm_between_bebops_modes(setup):
+    """`bebop bench --modes ar,vllm-spec`'s loop with the module's engine: both modes measured on the same prompts,
+    vLLM's acceptance from its own counters, its speed as a ratio to bebop's ar of the same run."""
+    model, draft, engine, prompts = setup
+    results = run_bench(model, prompts, [2], ["ar", "vllm-spec"], K, SamplingParams(1.0), 16, repeats=1, mtp=draft,
+                        vllm={"vllm-spec": engine})
+    by_mode = {r["mode"]: r for r in results}
+    assert set(by_mode) == {"ar", "vllm-spec"}
+    theirs = by_mode["vllm-spec"]
+    assert theirs["tokens"] > 0 and theirs["speedup_vs_ar"] > 0 and theirs["draft_len"] == K
+    assert len(theirs["per_position_acceptance"]) == K and theirs["mean_acceptance_length"] >= 1
+
+
+def test_an_engine_that_cannot_start_is_one_error_line(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(BebopError, match="vLLM engine stopped") as e:
+        VllmEngine(tmp_path, enforce_eager=True)
+    assert "\n" not in str(e.value)
 
 
 def test_the_plugin_fixes_vllms_own_expansion_of_temperatures():
