@@ -19,6 +19,9 @@ One step, for every active row at once:
   4. commit  each row advances its own KV-cache length by its own count; rejected entries are simply
              overwritten later. Rows that hit EOS or the token limit finish (`on_finish` is called).
 `ar` is the same loop with K = 0: verify one token, sample from p_1.
+In the code: `speculative_step` is steps 1-4, read top to bottom; `Scheduler` owns the requests (prefill,
+admission, recording, finishing, compaction) and `Rows` what each row carries between steps; `generate` chooses
+K (step 0), feeds the MTP what plain steps piled up, and counts.
 Every request draws its uniforms from its own generator, a fixed number per step for a given K, so with a
 fixed K a request's output depends neither on the other rows nor on when it joined.
 Caches hold prompt + max_new_tokens plus one step's drafts where the model's context allows; at the end of
@@ -152,6 +155,219 @@ def catch_up(mtp: MTP, tokens, feats, count, cache):
     return tokens[rows, last].unsqueeze(1), feats[rows, last].unsqueeze(1), torch.ones_like(count)
 
 
+@dataclass
+class Rows:
+    """What each decoding row carries from step to step; row r holds request `request[r]`. The pile is what the
+    MTP has yet to see: for each position the target committed since the MTP last ran, the target's features
+    there (unprojected, as target_forward returns them) and the token after it."""
+    request: list[int]  # the request in each row
+    gen: list[torch.Generator]  # that request's generator: every uniform it draws
+    n_out: torch.Tensor  # [B] tokens emitted so far
+    pending: torch.Tensor  # [B] the last emitted token, not yet seen by the target
+    pile_tokens: torch.Tensor  # [B, W]
+    pile_feats: torch.Tensor  # [B, W, F]
+    pile_count: torch.Tensor  # [B] pile positions in use per row (W >= max)
+
+    @classmethod
+    def empty(cls, batch: int, feat_dim: int, dtype) -> "Rows":
+        return cls([-1] * batch, [None] * batch, torch.zeros(batch, dtype=torch.long),
+                   torch.zeros(batch, dtype=torch.long), torch.zeros(batch, 1, dtype=torch.long),
+                   torch.zeros(batch, 1, feat_dim, dtype=dtype), torch.ones(batch, dtype=torch.long))
+
+    def __len__(self) -> int:
+        return len(self.request)
+
+    def keep(self, keep: torch.Tensor) -> "Rows":
+        return Rows([self.request[r] for r in keep], [self.gen[r] for r in keep], self.n_out[keep],
+                    self.pending[keep], self.pile_tokens[keep], self.pile_feats[keep], self.pile_count[keep])
+
+    def commit_pile(self, K: int, step_tokens, feats, num_accepted) -> None:
+        """After a step: with drafts, the MTP has seen the drafted positions and must next see the accepted
+        ones; after a plain step the one committed position joins the pile."""
+        if K:
+            self.pile_tokens, self.pile_feats, self.pile_count = step_tokens.clamp_min(0), feats, num_accepted + 1
+            return
+        if int(self.pile_count.max()) == self.pile_tokens.shape[1]:  # full: twice as wide, a copy per doubling
+            self.pile_tokens = torch.cat([self.pile_tokens, torch.zeros_like(self.pile_tokens)], 1)
+            self.pile_feats = torch.cat([self.pile_feats, torch.zeros_like(self.pile_feats)], 1)
+        rows = torch.arange(len(self))
+        self.pile_tokens[rows, self.pile_count] = step_tokens[:, 0]
+        self.pile_feats[rows, self.pile_count] = feats[:, 0]
+        self.pile_count = self.pile_count + 1
+
+
+def speculative_step(target: Decoder, mtp: MTP | None, rows: Rows, cache, mcache, K: int, params: SamplingParams,
+                     greedy: bool, vocab_ids):
+    """One step for every row: draft K tokens, verify them in one target forward, accept a prefix by rejection
+    sampling, commit it (K = 0: a plain decoding step). Returns the step's tokens [B, K+1] (-1 past each row's
+    accepted drafts and its one corrected or bonus token), num_accepted [B], the target's distributions
+    p [B, K+1, V] and the MTP's own q [B, K, Vd] (None without drafts)."""
+    B = len(rows)
+    # every row draws 2K+1 uniforms from its own generator: K to draft, K to accept, one for the last token
+    u = torch.stack([torch.rand(2 * K + 1, generator=g, dtype=torch.float64) for g in rows.gen])  # [B, 2K+1]
+    # 1. draft: the MTP catches up on the pile, which yields draft 1, then recurses for drafts 2..K
+    q_own = None
+    if K:
+        width = int(rows.pile_count.max())
+        drafts, verify_q, q_own = draft(mtp, rows.pile_tokens[:, :width], rows.pile_feats[:, :width],
+                                        rows.pile_count, mcache, K, params, greedy, u[:, :K])
+        tokens = torch.cat([rows.pending.unsqueeze(1), drafts], 1)  # [B, K+1]
+    else:
+        drafts = verify_q = torch.zeros(B, 0, dtype=torch.long)
+        tokens = rows.pending.unsqueeze(1)  # [B, 1]
+    # 2. verify: the target scores [pending, x_1..x_K] in one forward
+    hidden, feats = target_forward(target, mtp, tokens, cache)
+    p = probabilities(target.logits(hidden), params)
+    # 3. accept
+    step_tokens, num_accepted = rejection_sample_uniform(p, verify_q, drafts, u[:, K:2 * K], u[:, 2 * K],
+                                                         vocab_ids=vocab_ids)
+    # 4. commit: each row's cache advances by its own count; rejected entries are overwritten later
+    cache.lengths += num_accepted + 1
+    if mtp is not None:
+        rows.commit_pile(K, step_tokens, feats, num_accepted)
+    rows.pending = step_tokens[torch.arange(B), num_accepted]
+    return step_tokens, num_accepted, p, q_own
+
+
+class Scheduler:
+    """The requests and the rows they decode in: prefill (one forward per distinct prompt, a batch ahead),
+    admission into free rows (each request's first token sampled from its prefill), recording what each step
+    emitted, finishing rows at EOS or the token limit, and compaction once no request waits."""
+
+    def __init__(self, target: Decoder, mtp: MTP | None, prompts, max_new_tokens: int, params: SamplingParams,
+                 seed, cache, mcache, eos: set[int], acceptance: Acceptance | None, on_finish, progress: bool,
+                 mode: str):
+        self.target, self.mtp, self.prompts, self.params = target, mtp, prompts, params
+        self.max_new_tokens, self.cache, self.mcache, self.acceptance = max_new_tokens, cache, mcache, acceptance
+        self.eos, self.eos_t = eos, torch.tensor(sorted(eos), dtype=torch.long)
+        self.on_finish = on_finish
+        N, self.batch = len(prompts), cache.lengths.shape[0]
+        self.request_gens = row_generators(seed, N)
+        self.out = [Rollout(i) for i in range(N)]
+        self.stats = SpecStats()
+        self.queue = deque(range(N))
+        self.waiting = Counter(tuple(p) for p in prompts)
+        self.prefilled = {}  # prompt -> (cache, MTP cache, row, the MTP's input at its last position, p of token 1)
+        feat_dim = target.cfg.dim * (len(mtp.feature_layers) if mtp is not None and mtp.feature_layers else 1)
+        self.rows = Rows.empty(self.batch, feat_dim, target.embed.weight.dtype)
+        self.bar = tqdm(total=N * max_new_tokens, desc=f"generate {mode}", unit="tok", disable=not progress,
+                        leave=False)
+
+    def finish(self, i: int, reason: str) -> None:
+        self.out[i].stop_reason = reason
+        if self.on_finish is not None:
+            self.on_finish(i, self.out[i])
+
+    def prefill(self, requests) -> None:
+        """Prefill, in one forward, the distinct prompts among `requests` that are not prefilled yet."""
+        target, mtp = self.target, self.mtp
+        new = list(dict.fromkeys(key for key in (tuple(self.prompts[i]) for i in requests) if key not in self.prefilled))
+        if not new:
+            return
+        lens = torch.tensor([len(p) for p in new])
+        tokens = right_pad(new)  # a row's padding is never attended to
+        tc = target.new_cache(len(new), tokens.shape[1])
+        hidden, feats = target_forward(target, mtp, tokens, tc)
+        tc.lengths = lens.clone()
+        last = hidden[torch.arange(len(new)), lens - 1]
+        p = probabilities(target.logits(last), self.params)
+        tmc = None
+        if mtp is not None:  # the MTP sees every prompt position but the last now; the last comes with token 1
+            tmc = mtp.new_cache(len(new), tokens.shape[1])
+            if tokens.shape[1] > 1:
+                mtp(tokens[:, 1:], mtp.features(feats[:, :-1]), tmc)
+            tmc.lengths = lens - 1
+        last_feats = feats[torch.arange(len(new)), lens - 1]
+        for j, key in enumerate(new):
+            self.prefilled[key] = (tc, tmc, j, last_feats[j], p[j])
+
+    def admit(self, row: int, i: int) -> bool:
+        """Put request i into `row` and sample its first token; True if that already finishes it."""
+        key = tuple(self.prompts[i])
+        tc, tmc, j, last, p = self.prefilled[key]
+        self.waiting[key] -= 1
+        if self.waiting[key] == 0:
+            del self.prefilled[key]
+        self.cache.write_rows(row, tc, j)
+        if self.mcache is not None:
+            self.mcache.write_rows(row, tmc, j)
+        if self.acceptance is not None:
+            self.acceptance.reset_row(row)
+        g = self.request_gens[i]
+        tok = int(sample(p, torch.rand(1, generator=g, dtype=torch.float64)[0]))
+        rows = self.rows
+        rows.request[row], rows.gen[row], rows.n_out[row], rows.pending[row] = i, g, 1, tok
+        rows.pile_tokens[row, 0], rows.pile_feats[row, 0], rows.pile_count[row] = tok, last, 1
+        ro = self.out[i]
+        ro.tokens.append(tok)
+        ro.logprobs.append(float(p[tok].clamp_min(1e-30).log()))
+        ro.entropies.append(float(entropy(p)))
+        self.stats.tokens += 1
+        self.stats.entropy_sum += ro.entropies[-1]
+        self.bar.update(1)
+        if tok in self.eos or self.max_new_tokens == 1:
+            self.finish(i, "eos" if tok in self.eos else "length")
+            return True
+        return False
+
+    def fill(self, free) -> list[int]:
+        """Give free rows to waiting requests; returns the rows still free when the queue ran dry. Prompts are
+        prefilled a batch ahead: rows free up one or two at a time, and one forward over many prompts costs
+        far less than many forwards over one."""
+        free = list(free)
+        while free and self.queue:
+            if tuple(self.prompts[self.queue[0]]) not in self.prefilled:  # the last batch ahead is used up
+                self.prefill(islice(self.queue, max(len(free), self.batch)))
+            row = free.pop(0)
+            if self.admit(row, self.queue.popleft()):
+                free.append(row)
+        return free
+
+    def compact(self, free: list[int]) -> bool:
+        """The queue is empty: drop the free rows so later forwards do no work for them. False if none is left."""
+        keep = compaction(len(self.rows), set(free))
+        if len(keep) == 0:
+            return False
+        self.rows = self.rows.keep(keep)
+        self.cache.keep_rows(keep)
+        if self.mcache is not None:
+            self.mcache.keep_rows(keep)
+        if self.acceptance is not None:
+            self.acceptance.keep_rows(keep)
+        return True
+
+    def record(self, step_tokens, num_accepted, p) -> list[int]:
+        """Append each row's emitted tokens (cut at EOS or the limit); returns the rows that finished."""
+        rows = self.rows
+        n_emit = torch.minimum(num_accepted + 1, self.max_new_tokens - rows.n_out)
+        cols = torch.arange(step_tokens.shape[1]).unsqueeze(0)
+        is_eos = torch.isin(step_tokens, self.eos_t) & (cols < n_emit.unsqueeze(1))
+        hit_eos = is_eos.any(1)
+        n_emit = torch.where(hit_eos, is_eos.long().argmax(1) + 1, n_emit)
+        valid = cols < n_emit.unsqueeze(1)
+        emitted_p = p[valid]  # only emitted positions pay for their statistics
+        toks = step_tokens[valid]
+        lp = emitted_p.gather(-1, toks.unsqueeze(-1)).squeeze(-1).clamp_min(1e-30).log().tolist()
+        ent = entropy(emitted_p).tolist()
+        toks = toks.tolist()
+        done = (hit_eos | (rows.n_out + n_emit >= self.max_new_tokens)).tolist()
+        rows.n_out.add_(n_emit)
+        finished, at = [], 0
+        for r, (n, d) in enumerate(zip(n_emit.tolist(), done)):
+            ro = self.out[rows.request[r]]
+            ro.tokens += toks[at:at + n]
+            ro.logprobs += lp[at:at + n]
+            ro.entropies += ent[at:at + n]
+            at += n
+            if d:
+                self.finish(rows.request[r], "eos" if toks[at - 1] in self.eos else "length")
+                finished.append(r)
+        self.stats.tokens += at
+        self.stats.entropy_sum += sum(ent)
+        self.bar.update(at)
+        return finished
+
+
 @torch.inference_mode()
 def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams = SamplingParams(),
              mode: str = "ar", mtp: MTP | None = None, draft_len: int | str = 3, seed: int | list[int] = 0,
@@ -184,7 +400,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     if spec and mtp is None:
         raise ValueError(f"mode '{mode}' needs an MTP module")
     if not spec:
-        K_max = 0
+        K_max, mtp = 0, None
     context = target.rope_cos.shape[0]
     need = max(len(p) for p in prompts) + max_new_tokens
     if need > context:
@@ -192,206 +408,53 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     # caches hold prompt + max_new_tokens, plus room for one step's drafts where the context allows it; near
     # the end of the context K shrinks instead, so a request that fits the context never fails
     max_len = min(need + 1 + K_max, context)
-    N = len(prompts)
-    B = N if max_batch is None else min(N, max_batch)
+    B = len(prompts) if max_batch is None else min(len(prompts), max_batch)
     cache = target.new_cache(B, max_len)
     mcache = mtp.new_cache(B, max_len) if spec else None
-    request_gens = row_generators(seed, N)
-    out = [Rollout(i) for i in range(N)]
-    stats = SpecStats(draft_len=K_max, accepted_at=[0] * K_max)
     costs = step_costs_for(target, mtp, K_max) if auto and spec else None  # probed, then measured
     acceptance = Acceptance(K_max, B, prior_spread=costs.row_spread) if auto and spec else None
     vocab_ids = mtp.vocab_ids if spec and len(mtp.vocab_ids) else None
-    eos_set = set(target.eos_ids if eos_ids is None else eos_ids)
-    eos_t = torch.tensor(sorted(eos_set), dtype=torch.long)
+    sched = Scheduler(target, mtp, prompts, max_new_tokens, params, seed, cache, mcache,
+                      set(target.eos_ids if eos_ids is None else eos_ids), acceptance, on_finish, progress, mode)
+    stats = sched.stats
+    stats.draft_len, stats.accepted_at = K_max, [0] * K_max
     traced = []
-    bar = tqdm(total=N * max_new_tokens, desc=f"generate {mode}", unit="tok", disable=not progress, leave=False)
 
-    # per-row state; a row holds one request at a time
-    active = [-1] * B  # the request in each row
-    gens: list = [None] * B
-    n_out = torch.zeros(B, dtype=torch.long)  # tokens emitted so far
-    pending = torch.zeros(B, dtype=torch.long)  # the last emitted token, not yet seen by the target
-    # the pile: what the MTP has yet to see, for each committed target position the target's features (as
-    # target_forward returns them, unprojected) and the token after it; `pile_count` positions per row
-    feat_dim = target.cfg.dim * (len(mtp.feature_layers) if spec and mtp.feature_layers else 1)
-    pile_tokens = torch.zeros(B, 1, dtype=torch.long)
-    pile_feats = torch.zeros(B, 1, feat_dim, dtype=target.embed.weight.dtype)
-    pile_count = torch.ones(B, dtype=torch.long)
-    queue = deque(range(N))
-    waiting = Counter(tuple(p) for p in prompts)
-    prefilled = {}  # prompt -> (cache, MTP cache, row, the MTP's input at its last position, p of the first token)
-
-    def finish(i, reason):
-        out[i].stop_reason = reason
-        if on_finish is not None:
-            on_finish(i, out[i])
-
-    def prefill(requests):
-        """Prefill, in one forward, the distinct prompts among `requests` that are not prefilled yet."""
-        new = list(dict.fromkeys(key for key in (tuple(prompts[i]) for i in requests) if key not in prefilled))
-        if not new:
-            return
-        lens = torch.tensor([len(p) for p in new])
-        tokens = right_pad(new)  # a row's padding is never attended to
-        tc = target.new_cache(len(new), tokens.shape[1])
-        hidden, feats = target_forward(target, mtp if spec else None, tokens, tc)
-        tc.lengths = lens.clone()
-        last = hidden[torch.arange(len(new)), lens - 1]
-        p = probabilities(target.logits(last), params)
-        tmc = None
-        if spec:  # the MTP sees every prompt position but the last now; the last comes with the first token
-            tmc = mtp.new_cache(len(new), tokens.shape[1])
-            if tokens.shape[1] > 1:
-                mtp(tokens[:, 1:], mtp.features(feats[:, :-1]), tmc)
-            tmc.lengths = lens - 1
-        last_feats = feats[torch.arange(len(new)), lens - 1]
-        for j, key in enumerate(new):
-            prefilled[key] = (tc, tmc, j, last_feats[j], p[j])
-
-    def admit(row, i):
-        """Put request i into `row` and sample its first token; True if that already finishes it."""
-        key = tuple(prompts[i])
-        tc, tmc, j, last, p = prefilled[key]
-        waiting[key] -= 1
-        if waiting[key] == 0:
-            del prefilled[key]
-        cache.write_rows(row, tc, j)
-        if spec:
-            mcache.write_rows(row, tmc, j)
-        if acceptance is not None:
-            acceptance.reset_row(row)
-        g = request_gens[i]
-        tok = int(sample(p, torch.rand(1, generator=g, dtype=torch.float64)[0]))
-        active[row], gens[row], n_out[row], pending[row] = i, g, 1, tok
-        pile_tokens[row, 0], pile_feats[row, 0], pile_count[row] = tok, last, 1
-        ro = out[i]
-        ro.tokens.append(tok)
-        ro.logprobs.append(float(p[tok].clamp_min(1e-30).log()))
-        ro.entropies.append(float(entropy(p)))
-        stats.tokens += 1
-        stats.entropy_sum += ro.entropies[-1]
-        bar.update(1)
-        if tok in eos_set or max_new_tokens == 1:
-            finish(i, "eos" if tok in eos_set else "length")
-            return True
-        return False
-
-    def fill(free):
-        """Give free rows to waiting requests; returns the rows still free when the queue ran dry. Prompts are
-        prefilled a batch ahead: rows free up one or two at a time, and one forward over many prompts costs
-        far less than many forwards over one."""
-        free = list(free)
-        while free and queue:
-            if tuple(prompts[queue[0]]) not in prefilled:  # the last batch ahead is used up
-                prefill(islice(queue, max(len(free), B)))
-            row = free.pop(0)
-            if admit(row, queue.popleft()):
-                free.append(row)
-        return free
-
-    def record(step_tokens, num_accepted, p):
-        """Append each row's emitted tokens (cut at EOS or the limit); returns the rows that finished."""
-        n_emit = torch.minimum(num_accepted + 1, max_new_tokens - n_out)
-        cols = torch.arange(step_tokens.shape[1]).unsqueeze(0)
-        is_eos = torch.isin(step_tokens, eos_t) & (cols < n_emit.unsqueeze(1))
-        hit_eos = is_eos.any(1)
-        n_emit = torch.where(hit_eos, is_eos.long().argmax(1) + 1, n_emit)
-        valid = cols < n_emit.unsqueeze(1)
-        emitted_p = p[valid]  # only emitted positions pay for their statistics
-        toks = step_tokens[valid]
-        lp = emitted_p.gather(-1, toks.unsqueeze(-1)).squeeze(-1).clamp_min(1e-30).log().tolist()
-        ent = entropy(emitted_p).tolist()
-        toks = toks.tolist()
-        done = (hit_eos | (n_out + n_emit >= max_new_tokens)).tolist()
-        n_out.add_(n_emit)
-        finished, at = [], 0
-        for r, (n, d) in enumerate(zip(n_emit.tolist(), done)):
-            ro = out[active[r]]
-            ro.tokens += toks[at:at + n]
-            ro.logprobs += lp[at:at + n]
-            ro.entropies += ent[at:at + n]
-            at += n
-            if d:
-                finish(active[r], "eos" if toks[at - 1] in eos_set else "length")
-                finished.append(r)
-        stats.tokens += at
-        stats.entropy_sum += sum(ent)
-        bar.update(at)
-        return finished
-
-    free = fill(range(B))
-    while True:
-        if free:  # the queue is empty: drop finished rows so later forwards do no work for them
-            keep = compaction(len(active), set(free))
-            if len(keep) == 0:
-                break
-            active, gens = [active[r] for r in keep], [gens[r] for r in keep]
-            n_out, pending = n_out[keep], pending[keep]
-            pile_tokens, pile_feats, pile_count = pile_tokens[keep], pile_feats[keep], pile_count[keep]
-            cache.keep_rows(keep)
-            if spec:
-                mcache.keep_rows(keep)
-            if acceptance is not None:
-                acceptance.keep_rows(keep)
-        n_rows = len(active)
-        rows = torch.arange(n_rows)
+    free = sched.fill(range(B))
+    while not free or sched.compact(free):
+        rows = sched.rows
+        n_rows = len(rows)
         started = time.perf_counter()
-
-        # -- 0. draft length. Everything here is known before the step: the caches' room, past acceptance and
+        # 0. draft length. Everything here is known before the step: the caches' room, past acceptance and
         # the measured cost, never what the target computes in this step, so the step stays exact for any K.
         K = min(K_max, max_len - 1 - int(cache.lengths.max()))  # the target writes positions len..len+K
-        width = int(pile_count.max()) if spec else 0  # the pile's used width: what a catch-up writes per row
+        width = int(rows.pile_count.max()) if spec else 0  # the pile's used width: what a catch-up writes per row
         if spec and int(mcache.lengths.max()) + width > max_len:
             K = 0  # the MTP's catch-up would not fit either (only at the very end of the context)
         if auto and K > 0:
-            remaining = int((max_new_tokens - n_out).max())
-            K = min(K, remaining - 1)  # tokens past every row's limit are wasted
+            K = min(K, int((max_new_tokens - rows.n_out).max()) - 1)  # tokens past every row's limit are wasted
             if K > 0 and costs.wants_baseline(n_rows):  # plain steps first: what drafting must beat, measured
                 K = 0
             elif K > 0:  # once no request waits for a row, rows that drift apart leave a tail of small steps;
                 # and drafting after plain steps first feeds the MTP what they piled up
-                drain = None if queue else (acceptance.row_alphas(), acceptance.row_spread(), max_new_tokens - n_out,
-                                            costs(1), costs.catch_up_seconds(n_rows * (width - 1)))
+                drain = None if sched.queue else (acceptance.row_alphas(), acceptance.row_spread(),
+                                                  max_new_tokens - rows.n_out, costs(1),
+                                                  costs.catch_up_seconds(n_rows * (width - 1)))
                 K = choose_draft_len(acceptance.alphas(), costs(n_rows), K, drain)
         # the pile goes to the MTP (all but each row's last position, which comes with the drafting) when this
         # step drafts after plain steps, or when it is full; timed apart: a cost of the plain steps before
         fed = 0.0
         if spec and (width > K_max + 1 if K else width >= PILE_FLUSH) and int(mcache.lengths.max()) + width <= max_len:
             t0 = time.perf_counter()
-            pile_tokens, pile_feats, pile_count = catch_up(mtp, pile_tokens[:, :width], pile_feats[:, :width],
-                                                           pile_count, mcache)
+            rows.pile_tokens, rows.pile_feats, rows.pile_count = catch_up(
+                mtp, rows.pile_tokens[:, :width], rows.pile_feats[:, :width], rows.pile_count, mcache)
             fed = time.perf_counter() - t0
             if costs is not None:
                 costs.record_catch_up(n_rows * (width - 1), fed)
-            width = 1
-        u = torch.stack([torch.rand(2 * K + 1, generator=g, dtype=torch.float64) for g in gens])
 
-        # -- 1. draft
-        if K:
-            drafts, verify_q, q_own = draft(mtp, pile_tokens[:, :width], pile_feats[:, :width], pile_count, mcache,
-                                            K, params, mode == "spec-greedy", u[:, :K])
-            inp = torch.cat([pending.unsqueeze(1), drafts], 1)
-        else:
-            drafts = verify_q = torch.zeros(n_rows, 0, dtype=torch.long)
-            inp = pending.unsqueeze(1)
-        # -- 2. verify
-        hidden, feats = target_forward(target, mtp if spec else None, inp, cache)
-        p = probabilities(target.logits(hidden), params)
-        # -- 3. accept
-        step_tokens, num_accepted = rejection_sample_uniform(p, verify_q, drafts, u[:, K:2 * K], u[:, 2 * K],
-                                                             vocab_ids=vocab_ids)
-        # -- 4. commit
-        cache.lengths += num_accepted + 1
-        if spec and K:
-            pile_tokens, pile_feats, pile_count = step_tokens.clamp_min(0), feats, num_accepted + 1
-        elif spec:  # no draft this step: the one committed position joins the MTP's pile
-            if width == pile_tokens.shape[1]:  # full: twice as wide, so a copy per doubling
-                pile_tokens = torch.cat([pile_tokens, torch.zeros_like(pile_tokens)], 1)
-                pile_feats = torch.cat([pile_feats, torch.zeros_like(pile_feats)], 1)
-            pile_tokens[rows, pile_count] = step_tokens[:, 0]
-            pile_feats[rows, pile_count] = feats[:, 0]
-            pile_count = pile_count + 1
+        step_tokens, num_accepted, p, q_own = speculative_step(target, mtp, rows, cache, mcache, K, params,
+                                                               mode == "spec-greedy", vocab_ids)
+
         if acceptance is not None:
             acceptance.update(K, num_accepted)
         if K:  # plain decoding makes no speculative steps
@@ -404,18 +467,17 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
                 examined = torch.arange(K).unsqueeze(0) <= num_accepted.unsqueeze(1)  # reached in the walk
                 ts = token_stats(p[:, :K], mtp.full_vocab(q_own))
                 r_idx, d_idx = examined.nonzero(as_tuple=True)
-                traced.append({"row": torch.tensor(active)[r_idx], "depth": d_idx,
+                traced.append({"row": torch.tensor(rows.request)[r_idx], "depth": d_idx,
                                "accepted": num_accepted[r_idx] > d_idx,
                                **{k: v[r_idx, d_idx] for k, v in ts.items()}})
-        pending = step_tokens[rows, num_accepted]
-        finished = record(step_tokens, num_accepted, p)  # (its .tolist() waits for an accelerator to finish)
+        finished = sched.record(step_tokens, num_accepted, p)  # (its .tolist() waits for an accelerator)
         if costs is not None:
             costs.record(n_rows, K, time.perf_counter() - started - fed)
-        free = fill(finished)
-    bar.close()
+        free = sched.fill(finished)
+    sched.bar.close()
     if acceptance is not None:  # what the next generation starts from (RL rollouts: the same tasks again)
         costs.row_spread = acceptance.spread
     table = None
     if trace and traced:
         table = {k: torch.cat([t[k] for t in traced]).numpy() for k in traced[0]}
-    return Generation(out, stats, table)
+    return Generation(sched.out, stats, table)
