@@ -47,3 +47,40 @@ def test_bad_input_one_line(argv, message, tmp_path, capsys):
         main(argv)
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err.startswith("bebop: error:") and message in err and "\n" not in err
+
+
+def test_drift_and_entropy_fit_decide_what_the_data_say():
+    from bebop.rl.report import drift, entropy_fit
+
+    flat = drift([0.40, 0.42, 0.41, 0.39] * 5)  # no change: the interval holds 0
+    assert flat["steps_each"] == 10 and flat["change_ci95"][0] < 0 < flat["change_ci95"][1]
+    falling = drift([0.5 + 0.01 * (i % 3) for i in range(10)] + [0.3 + 0.01 * (i % 3) for i in range(10)])
+    assert falling["change"] == pytest.approx(-0.2) and falling["change_ci95"][1] < 0
+    assert drift([0.4, 0.5, 0.6])["steps_each"] == 1 and drift([0.4]) is None  # short runs: half each
+    rows = [{"entropy_mean": h, "acceptance_rate": 0.8 - 0.2 * h + 0.01 * (-1) ** i} for i, h in
+            enumerate([0.5, 0.8, 1.1, 1.4, 1.7, 2.0])]
+    fit = entropy_fit(rows)
+    assert fit["slope"] == pytest.approx(-0.2, abs=0.02) and fit["slope_ci95"][1] < 0 and fit["n"] == 6
+    assert entropy_fit(rows[:2]) is None and entropy_fit([{"entropy_mean": 1.0, "acceptance_rate": None}] * 5) is None
+
+
+def test_report_tables_and_plots_drift_and_the_entropy_fit_of_a_long_run(tmp_path):
+    """A written 24-step run (entropy rising, acceptance falling with it): the report's drift row and fit."""
+    from bebop.rl.report import write_report
+
+    run = tmp_path / "spec"
+    run.mkdir()
+    config = {"model": "m", "task": "arithmetic", "rollout": "spec", "mtp_strategy": "frozen", "async_mode": "off",
+              "seed": 0}
+    (run / "config.json").write_text(json.dumps(config))
+    rows = [{"step": i + 1, "reward_mean": 0.1, "entropy_mean": 1.0 + 0.05 * i,
+             "acceptance_rate": 0.6 - 0.1 * (1.0 + 0.05 * i) + 0.005 * (-1) ** i, "tokens": 100, "step_s": 1.0,
+             "rollout_s": 0.5, "train_s": 0.5, "mtp_train_s": 0.0, "sync_s": 0.0, "policy_version_lag": 0}
+            for i in range(24)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md = write_report([str(run)], str(tmp_path / "report"))
+    assert "## Acceptance through the run" in md
+    s = json.loads((tmp_path / "report" / "report.json").read_text())[0]
+    assert s["drift"]["steps_each"] == 10 and s["drift"]["change_ci95"][1] < 0
+    assert s["acceptance_vs_entropy"]["slope"] == pytest.approx(-0.1, abs=0.01)
+    assert (tmp_path / "report" / "report.png").stat().st_size > 10_000

@@ -5,14 +5,64 @@ Speedup arithmetic (Amdahl): with r the rollout-only ratio (ar's rollout seconds
 s the share of the ar run's step time spent in rollouts, speculative rollouts can make a step at most
 1 / ((1 - s) + s / r) times faster. The same r at rollout shares 0.5 / 0.7 / 0.9 (GPU clusters sit at 0.9+)
 is printed as a projection, not a measurement.
+
+Drift (the paper's finding 4: does a frozen draft stay accepted through RL?): each run's mean per-step
+acceptance over its first and last DRIFT_STEPS steps (fewer, half the run each, in a short run), with 95%
+t-intervals, and Welch's interval for the difference. Acceptance against the policy's entropy (finding 1 in its
+RL form, entropy moved by training rather than by temperature): per step, least squares with the slope's 95%
+interval. An interval that excludes 0 decides; one that straddles 0 says the run was too short or too noisy.
 """
 
 import json
+import math
 from pathlib import Path
+
+from scipy import stats
 
 from bebop.errors import BebopError
 
 PROJECTED_SHARES = (0.5, 0.7, 0.9)
+DRIFT_STEPS = 10
+
+
+def mean_ci(x: list[float]) -> tuple[float, list[float] | None]:
+    """Mean and its 95% t-interval (None from a single value)."""
+    m = sum(x) / len(x)
+    if len(x) < 2:
+        return m, None
+    half = stats.t.ppf(0.975, len(x) - 1) * stats.sem(x)
+    return m, [m - half, m + half]
+
+
+def drift(acc: list[float], n: int = DRIFT_STEPS) -> dict | None:
+    """First n steps' mean acceptance against the last n's (n at most half the run), Welch's 95% interval
+    for last - first. None with fewer than 2 steps."""
+    n = min(n, len(acc) // 2)
+    if n < 1:
+        return None
+    first, last = acc[:n], acc[-n:]
+    (m0, ci0), (m1, ci1) = mean_ci(first), mean_ci(last)
+    diff_ci = None
+    if n >= 2:
+        v0, v1 = stats.tvar(first) / n, stats.tvar(last) / n
+        se = math.sqrt(v0 + v1)
+        dof = (v0 + v1) ** 2 / (v0 ** 2 / (n - 1) + v1 ** 2 / (n - 1)) if v0 + v1 > 0 else 2 * n - 2
+        half = stats.t.ppf(0.975, dof) * se
+        diff_ci = [m1 - m0 - half, m1 - m0 + half]
+    return {"steps_each": n, "first": m0, "first_ci95": ci0, "last": m1, "last_ci95": ci1, "change": m1 - m0,
+            "change_ci95": diff_ci}
+
+
+def entropy_fit(rows: list[dict]) -> dict | None:
+    """acceptance_rate = intercept + slope * entropy_mean over the run's steps, with the slope's 95% interval."""
+    pts = [(r["entropy_mean"], r["acceptance_rate"]) for r in rows
+           if r.get("entropy_mean") is not None and r.get("acceptance_rate") is not None]
+    if len(pts) < 3 or len({x for x, _ in pts}) < 2:
+        return None
+    fit = stats.linregress(*zip(*pts))
+    half = stats.t.ppf(0.975, len(pts) - 2) * fit.stderr
+    return {"n": len(pts), "slope": fit.slope, "slope_ci95": [fit.slope - half, fit.slope + half],
+            "intercept": fit.intercept, "r": fit.rvalue, "entropy_range": [min(x for x, _ in pts), max(x for x, _ in pts)]}
 
 
 def read_run(path) -> dict:
@@ -50,6 +100,7 @@ def summarize(run: dict) -> dict:
             "heldout_first": evals[0] if evals else None, "heldout_last": evals[-1] if evals else None,
             "acceptance_first": acc[0] if acc else None, "acceptance_last": acc[-1] if acc else None,
             "acceptance_max_drift": max(abs(a - acc[0]) for a in acc) if acc else None,
+            "drift": drift(acc), "acceptance_vs_entropy": entropy_fit(rows),
             "policy_version_lag_max": max(r["policy_version_lag"] for r in rows)}
 
 
@@ -83,6 +134,10 @@ def fmt(x, spec=".3f"):
     return "-" if x is None else format(x, spec)
 
 
+def ci(c) -> str:
+    return "" if c is None else f" ({c[0]:.3f} to {c[1]:.3f})"
+
+
 def heldout(e) -> str:
     if e is None:
         return "-"
@@ -99,6 +154,21 @@ def markdown(summaries: list[dict]) -> str:
                      f"{s['reward_first']:.3f} -> {s['reward_last']:.3f} | {heldout(s['heldout_first'])} -> "
                      f"{heldout(s['heldout_last'])} | {fmt(s['acceptance_first'])} -> {fmt(s['acceptance_last'])} "
                      f"({fmt(s['acceptance_max_drift'])}) |")
+    drifting = [s for s in summaries if s["drift"] or s["acceptance_vs_entropy"]]
+    if drifting:
+        lines += ["", "## Acceptance through the run", "",
+                  f"Drift: mean per-step acceptance of the first and last {DRIFT_STEPS} steps (half the run each when "
+                  "shorter), 95% t-intervals; change = last - first with Welch's interval. Fit: acceptance = a + b * "
+                  "entropy over the run's steps, b's 95% interval.", "",
+                  "| run | steps each | first | last | change | b per nat | a | r | entropy range (nats) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for s in drifting:
+            d, f = s["drift"] or {}, s["acceptance_vs_entropy"] or {}
+            lines.append(
+                f"| {s['label']} | {d.get('steps_each', '-')} | {fmt(d.get('first'))}{ci(d.get('first_ci95'))} | "
+                f"{fmt(d.get('last'))}{ci(d.get('last_ci95'))} | {fmt(d.get('change'), '+.3f')}{ci(d.get('change_ci95'))} | "
+                f"{fmt(f.get('slope'), '+.3f')}{ci(f.get('slope_ci95'))} | {fmt(f.get('intercept'))} | {fmt(f.get('r'), '.2f')} | "
+                + (f"{f['entropy_range'][0]:.2f}-{f['entropy_range'][1]:.2f} |" if f else "- |"))
     fast = [s for s in summaries if "speedup" in s]
     if fast:
         lines += ["", "## End-to-end speedup over `ar` (same seed, same async mode)", "",
@@ -126,11 +196,23 @@ def plot(runs: list[dict], summaries: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     panels = [("reward_mean", "reward (train batch)"), (None, "held-out reward"), ("entropy_mean", "entropy (nats)"),
-              ("acceptance_rate", "acceptance rate"), ("step_s", "step time (s)"), ("rollout_s", "rollout time (s)")]
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+              ("acceptance_rate", "acceptance rate"), ("step_s", "step time (s)"), ("rollout_s", "rollout time (s)"),
+              ("fit", "acceptance vs entropy, per step")]
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8))
+    axes.flat[-1].axis("off")
     for ax, (key, title) in zip(axes.flat, panels):
         for i, (run, s) in enumerate(zip(runs, summaries)):
             colour = f"C{i % 10}"  # one colour per run in every panel, even where a run has no points
+            if key == "fit":
+                pts = [(r["entropy_mean"], r["acceptance_rate"]) for r in run["rows"]
+                       if r.get("entropy_mean") is not None and r.get("acceptance_rate") is not None]
+                if pts:
+                    ax.scatter(*zip(*pts), s=8, color=colour, label=s["label"])
+                f = s["acceptance_vs_entropy"]
+                if f:
+                    xs = f["entropy_range"]
+                    ax.plot(xs, [f["intercept"] + f["slope"] * x for x in xs], color=colour)
+                continue
             if key is None:
                 e = run["evals"]
                 if e:
@@ -144,7 +226,7 @@ def plot(runs: list[dict], summaries: list[dict], path: Path) -> None:
             if pts:
                 ax.plot(*zip(*pts), marker=".", color=colour, label=s["label"])
         ax.set_title(title)
-        ax.set_xlabel("step")
+        ax.set_xlabel("entropy (nats)" if key == "fit" else "step")
     axes.flat[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
