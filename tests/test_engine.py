@@ -106,12 +106,18 @@ def test_spec_matches_exact_distribution_and_ar(sharp, mode):
     assert gen.stats.per_position_acceptance[1] > 0.05
     alpha = gen.trace["alpha"].mean()
     assert alpha < 0.9
+    assert_exact_and_like_ar(model, gen, exact, ar, mode)
+
+
+def assert_exact_and_like_ar(model, gen, exact, ar, label):
+    """Each of the 3 tokens distributed as the exact target distribution and as plain sampling; tokens (1, 2) jointly
+    as plain sampling."""
     toks, ref = token_matrix(gen), token_matrix(ar)
     for j in range(3):
-        assert gof(toks[:, j], exact[j]) > P_OK, f"{mode} token {j} vs exact"
-        assert two_sample(toks[:, j], ref[:, j]) > P_OK, f"{mode} token {j} vs ar"
+        assert gof(toks[:, j], exact[j]) > P_OK, f"{label} token {j} vs exact"
+        assert two_sample(toks[:, j], ref[:, j]) > P_OK, f"{label} token {j} vs ar"
     pairs = lambda t: t[:, 1] * model.cfg.vocab_size + t[:, 2]  # noqa: E731
-    assert two_sample(pairs(toks), pairs(ref)) > P_OK, f"{mode} tokens (1, 2) vs ar"
+    assert two_sample(pairs(toks), pairs(ref)) > P_OK, f"{label} tokens (1, 2) vs ar"
 
 
 def test_spec_with_a_two_block_eagle3_mtp_matches_exact_distribution(sharp):
@@ -135,12 +141,7 @@ def test_spec_with_an_eagle3_draft_matches_exact_distribution(sharp, mode):
     draft.set_draft_vocab(torch.arange(0, model.cfg.vocab_size, 2))
     gen = generate(model, [prompt] * ROWS, 3, SHARP, mode=mode, mtp=draft, draft_len=2, seed=14, eos_ids=[])
     assert 0.05 < gen.stats.acceptance_rate < 0.95  # both acceptance and rejection happen
-    toks, ref = token_matrix(gen), token_matrix(ar)
-    for j in range(3):
-        assert gof(toks[:, j], exact[j]) > P_OK, f"{mode} token {j} vs exact"
-        assert two_sample(toks[:, j], ref[:, j]) > P_OK, f"{mode} token {j} vs ar"
-    pairs = lambda t: t[:, 1] * model.cfg.vocab_size + t[:, 2]  # noqa: E731
-    assert two_sample(pairs(toks), pairs(ref)) > P_OK, f"{mode} tokens (1, 2) vs ar"
+    assert_exact_and_like_ar(model, gen, exact, ar, f"eagle3 {mode}")
 
 
 @pytest.mark.parametrize("mode", ["spec", "spec-greedy"])
