@@ -69,7 +69,7 @@ def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: li
     """`vllm`: {"vllm": VllmEngine, "vllm-spec": VllmEngine} for the vLLM modes requested."""
     eos_ids = [] if ignore_eos else list(model.eos_ids)
 
-    def run(mode, bs, rep):
+    def run(mode, bs, rep, max_new_tokens=max_new_tokens):
         # each repetition takes the next prompts (every mode gets the same ones): at batch 1 a single prompt
         # would make acceptance a figure about that one prompt
         batch = [prompts[(rep * bs + i) % len(prompts)] for i in range(bs)]
@@ -88,8 +88,9 @@ def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: li
             tokens, stats = g.stats.tokens, g.stats
         return time.perf_counter() - start, tokens, stats
 
-    for mode in modes:  # warm-up: first calls pay for allocation and lazy initialisation
-        run(mode, 1, 0)
+    for bs in batch_sizes:  # warm-up: first calls at a batch size pay for allocation, lazy initialisation and,
+        for mode in modes:  # in vLLM, compiling for that size
+            run(mode, bs, 0, max_new_tokens=min(max_new_tokens, 8))
     if draft_len == "auto" and any(m.startswith("spec") for m in modes):  # and auto's one-off cost probes
         probe_buckets(model, mtp, max(batch_sizes), DEFAULT_MAX_DRAFT_LEN)
     acc = {(bs, m): {"time": 0.0, "tokens": 0, "stats": SpecStats()} for bs in batch_sizes for m in modes}
