@@ -263,7 +263,7 @@ def start_vllm(args, model, mtp, modes: list[str], tmp: Path) -> dict:
         for mode in modes:
             print(f"bebop: starting vLLM for {mode} (minutes the first time: it compiles the model)", file=sys.stderr)
             engines[mode] = vllm.VllmEngine(model_dir, dtype, draft=draft if mode == "vllm-spec" else None,
-                                       num_speculative_tokens=k, seed=args.seed)
+                                            num_speculative_tokens=k, seed=args.seed)
     except BebopError:
         for engine in engines.values():
             engine.close()

@@ -82,7 +82,8 @@ def generate(llm, request: dict) -> dict:
     seconds = time.perf_counter() - start
     after = spec_counters(llm.get_metrics())
     delta = {k: after[k] - before[k] for k in ("drafts", "drafted", "accepted")}
-    delta["accepted_at"] = [a - b for a, b in zip(after["accepted_at"], before["accepted_at"] or [0] * len(after["accepted_at"]))]
+    earlier = before["accepted_at"] or [0] * len(after["accepted_at"])  # vLLM has no counters before a first draft
+    delta["accepted_at"] = [a - b for a, b in zip(after["accepted_at"], earlier)]
     return {"tokens": [list(o.outputs[0].token_ids) for o in outputs], "seconds": seconds, **acceptance(delta)}
 
 
@@ -138,6 +139,7 @@ class VllmEngine:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.log.close()
+        os.unlink(self.log.name)  # an engine that failed keeps its log: _answer raised before anyone closed it
 
 
 def main(argv=None):
