@@ -506,8 +506,27 @@ def cmd_rl(args):
     cfg = RLConfig(**{f.name: getattr(args, f.name) for f in fields(RLConfig)}).validate()
     train = rl_tasks(cfg.task, cfg.steps * cfg.prompts_per_step, cfg.seed, "train", cfg.difficulty)
     heldout = rl_tasks(cfg.task, cfg.eval_prompts, cfg.seed, "heldout", cfg.difficulty)
+    if cfg.rollout_backend == "vllm":  # what vLLM cannot run: one line before any model loads
+        from bebop.integrations.vllm import installed
+        from bebop.models.registry import hf_dir
+
+        if not installed():
+            raise BebopError("--rollout-backend vllm needs vLLM: pip install 'bebop[vllm]'")
+        hf_dir(cfg.model)
     policy, tok = load_model(cfg.model)  # fp32 master weights; rollouts use their own --rollout-dtype copy
-    mtp = pick_mtp(cfg.mtp, policy) if cfg.rollout != "ar" else None
+    mtp = None
+    if cfg.rollout != "ar" and cfg.rollout_backend == "vllm" and cfg.mtp is None:
+        from bebop.mtp import shipped_draft
+
+        mtp = shipped_draft(policy, "eagle3")  # vLLM loads EAGLE-3 drafts: the model's shipped one
+        if mtp is None:
+            raise BebopError(f"--rollout-backend vllm with --rollout {cfg.rollout} needs an EAGLE-3 draft (--mtp DIR "
+                             f"or random-eagle3): '{cfg.model}' ships none")
+    elif cfg.rollout != "ar":
+        mtp = pick_mtp(cfg.mtp, policy)
+        if cfg.rollout_backend == "vllm" and mtp.arch != "eagle3":
+            raise BebopError(f"--rollout-backend vllm: '{cfg.mtp}' is a DeepSeek-layout MTP; vLLM loads EAGLE-3 drafts "
+                             "only (--mtp an EAGLE-3 directory or checkpoint, or random-eagle3)")
     rows = run_rl(cfg, args.out, policy, tok, train, heldout, mtp, score=rewards, resume=args.resume)
     evals = [json.loads(x) for x in (Path(args.out) / "eval.jsonl").read_text().splitlines()]
     for e in evals[:1] + evals[-1:]:
@@ -528,8 +547,8 @@ def cmd_report(args):
 
 
 def add_rl_args(p):
-    from bebop.rl.config import (ASYNC_MODES, AUTOCAST, DTYPES, LOSS_TYPES, MTP_STRATEGIES, ROLLOUTS, SCALE_REWARDS,
-                                 RLConfig)
+    from bebop.rl.config import (ASYNC_MODES, AUTOCAST, BACKENDS, DTYPES, LOSS_TYPES, MTP_STRATEGIES, ROLLOUTS,
+                                 SCALE_REWARDS, RLConfig)
 
     d = RLConfig()
     p.add_argument("--model", default=d.model, help="registry name or local Hugging Face model directory")
@@ -556,7 +575,11 @@ def add_rl_args(p):
     p.add_argument("--autocast", default=d.autocast, help=f"{'|'.join(AUTOCAST)}: bf16 autocast for training "
                                                           "(auto: a short probe picks the faster)")
     p.add_argument("--rollout", default=d.rollout, help=f"{'|'.join(ROLLOUTS)}")
-    p.add_argument("--draft-len", type=int, default=d.draft_len)
+    p.add_argument("--rollout-backend", default=d.rollout_backend,
+                   help=f"{'|'.join(BACKENDS)}: the engine that generates rollouts (vllm: EAGLE-3 drafts only, "
+                        "default the model's shipped one; its log goes to OUT/vllm.log)")
+    p.add_argument("--draft-len", type=int, default=d.draft_len,
+                   help="draft tokens per step (vLLM's num_speculative_tokens; vLLM has no automatic K)")
     p.add_argument("--mtp-strategy", default=d.mtp_strategy, help=f"{'|'.join(MTP_STRATEGIES)}")
     p.add_argument("--mtp-learning-rate", type=float, default=d.mtp_learning_rate)
     p.add_argument("--async-mode", default=d.async_mode, help=f"{'|'.join(ASYNC_MODES)}")

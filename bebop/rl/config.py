@@ -8,6 +8,7 @@ from bebop.errors import BebopError
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
 ROLLOUTS = ("ar", "spec", "spec-greedy")
+BACKENDS = ("bebop", "vllm")
 MTP_STRATEGIES = ("frozen", "online-ce", "online-kl", "online-e2e-tv")
 ASYNC_MODES = ("off", "one-step")
 SCALE_REWARDS = ("group", "batch", "none")
@@ -39,6 +40,7 @@ class RLConfig:
     micro_batch_size: int = 4  # sequences per forward/backward; gradients accumulate over the batch
     autocast: str = "auto"  # bf16 autocast over fp32 master weights: auto = whichever a short probe finds faster
     rollout: str = "spec"
+    rollout_backend: str = "bebop"  # bebop's engine, or vLLM (bebop.rl.vllm_worker; EAGLE-3 drafts only)
     draft_len: int = 3
     mtp_strategy: str = "frozen"
     mtp_learning_rate: float = 1e-4
@@ -58,7 +60,7 @@ class RLConfig:
         return self.threads or len(os.sched_getaffinity(0))
 
     def validate(self) -> "RLConfig":
-        choices = {"loss_type": LOSS_TYPES, "rollout": ROLLOUTS, "mtp_strategy": MTP_STRATEGIES,
+        choices = {"loss_type": LOSS_TYPES, "rollout": ROLLOUTS, "rollout_backend": BACKENDS, "mtp_strategy": MTP_STRATEGIES,
                    "async_mode": ASYNC_MODES, "scale_rewards": SCALE_REWARDS, "autocast": AUTOCAST,
                    "rollout_dtype": ("auto", *DTYPES)}
         for name, allowed in choices.items():

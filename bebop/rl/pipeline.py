@@ -93,6 +93,12 @@ class RolloutWorker:
             self.mtp.set_draft_vocab(self.mtp.vocab_ids if len(self.mtp.vocab_ids) else None)
         self.version = version
 
+    @torch.no_grad()
+    def probe(self, ids: list[int]) -> dict:
+        """log p(ids[t] | ids[:t]) at temperature 1 with the weights loaded (the trainer checks the sync)."""
+        logits = self.model.logits(self.model.forward_full(torch.tensor([ids], device=self.model.embed.weight.device)))
+        return {"logprobs": token_logprobs(logits[0], ids), "draft_error": None}  # the draft's weights are copies
+
     def generate(self, prompts: list[list[int]], max_new_tokens: int, seed: int) -> dict:
         t0 = time.perf_counter()
         g = generate(self.model, prompts, max_new_tokens, self.params, mode=self.rollout, mtp=self.mtp,
@@ -102,12 +108,28 @@ class RolloutWorker:
                 "version": self.version, "rollout_s": time.perf_counter() - t0}
 
 
-def worker_main(spec, dtype, rollout, draft_len, temperature, threads, shared_policy, shared_mtp, inbox, outbox):
-    """The worker process: a RolloutWorker serving plain-data requests until 'stop'."""
+def token_logprobs(logits: torch.Tensor, ids: list[int]) -> list[float]:
+    """log p(ids[t] | ids[:t]) for t >= 1 from logits [T, V] at temperature 1."""
+    logp = torch.log_softmax(logits[:-1].float(), -1)
+    return logp.gather(-1, torch.tensor(ids[1:], device=logits.device).unsqueeze(-1)).squeeze(-1).tolist()
+
+
+def worker_main(spec, dtype, rollout, draft_len, temperature, threads, shared_policy, shared_mtp, inbox, outbox,
+                vllm_args=None):
+    """The worker process: a RolloutWorker (or, with `vllm_args`, a VllmRolloutWorker whose log goes to
+    vllm_args["log"]) serving plain-data requests until 'stop'."""
     torch.set_num_threads(threads)
     retain_freed_memory()  # a spawned process: malloc starts untuned here (bebop.memory)
     try:
-        worker = RolloutWorker(spec, dtype, rollout, draft_len, temperature)
+        if vllm_args is None:
+            worker = RolloutWorker(spec, dtype, rollout, draft_len, temperature)
+        else:
+            from bebop.rl.vllm_worker import VllmRolloutWorker
+
+            log = os.open(vllm_args.pop("log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            os.dup2(log, 1)  # vLLM's log lines: into the run's vllm.log, not over the trainer's progress bar
+            os.dup2(log, 2)
+            worker = VllmRolloutWorker(spec, dtype, rollout, draft_len, temperature, threads, **vllm_args)
         outbox.put({"ready": True})
         while True:
             kind, arg = inbox.get()
@@ -115,20 +137,25 @@ def worker_main(spec, dtype, rollout, draft_len, temperature, threads, shared_po
                 return
             if kind == "load":
                 t0 = time.perf_counter()
-                worker.load_weights(shared_policy, shared_mtp, arg)
-                outbox.put({"loaded": arg, "load_s": time.perf_counter() - t0})
+                version, with_mtp = arg
+                worker.load_weights(shared_policy, shared_mtp if with_mtp else {}, version)
+                outbox.put({"loaded": version, "load_s": time.perf_counter() - t0})
+            elif kind == "probe":
+                outbox.put(worker.probe(arg))
             elif kind == "generate":
                 outbox.put(worker.generate(**arg))
-    except Exception:  # surface the worker's failure in the trainer instead of hanging it
-        outbox.put({"error": traceback.format_exc()})
+    except Exception as e:  # surface the worker's failure in the trainer instead of hanging it
+        line = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+        outbox.put({"error": traceback.format_exc(), "line": line, "bebop": isinstance(e, BebopError)})
 
 
 class WorkerProcess:
     """A RolloutWorker in a spawned process. Weights travel through shared-memory tensors (written by the
     trainer, copied in by the worker on 'load'): no file round-trip, no pickling of weights per step."""
 
-    def __init__(self, policy, mtp, cfg: RLConfig, dtype: str, threads: int):
+    def __init__(self, policy, mtp, cfg: RLConfig, dtype: str, threads: int, vllm_args: dict | None = None):
         ctx = mp.get_context("spawn")
+        self.log = vllm_args and vllm_args["log"]
         dt = DTYPES[dtype]
         self.shared_policy = {k: v.to(dt).clone().share_memory_() for k, v in policy_state(policy).items()}
         self.shared_mtp = {k: v.to(dt).clone().share_memory_() for k, v in mtp_state(mtp).items()}
@@ -136,7 +163,7 @@ class WorkerProcess:
         self.proc = ctx.Process(target=worker_main, daemon=True,
                                 args=(model_spec(policy, mtp, dtype), dtype, cfg.rollout, cfg.draft_len,
                                       cfg.temperature, threads, self.shared_policy, self.shared_mtp,
-                                      self.inbox, self.outbox))
+                                      self.inbox, self.outbox, vllm_args))
         self.proc.start()
         self.reply()
 
@@ -147,8 +174,15 @@ class WorkerProcess:
                 break
             except Exception:  # queue.Empty: check the worker is still alive
                 if not self.proc.is_alive():
-                    raise RuntimeError(f"rollout worker died (exit code {self.proc.exitcode})") from None
+                    where = f"; log: {self.log}" if self.log else ""
+                    raise BebopError(f"the rollout worker died (exit code {self.proc.exitcode}){where}") from None
+        if "error" in msg and self.log:  # vLLM's failure: one line, its traceback in the run's vllm.log
+            with open(self.log, "a") as f:
+                f.write(msg["error"])
+            raise BebopError(f"the vLLM rollout worker failed: {msg['line']} (log: {self.log})")
         if "error" in msg:
+            if msg["bebop"]:
+                raise BebopError(msg["line"].removeprefix("BebopError: "))
             raise RuntimeError("rollout worker failed:\n" + msg["error"])
         return msg
 
@@ -158,11 +192,15 @@ class WorkerProcess:
             self.shared_policy[k].copy_(v)
         for k, v in mtp.items():
             self.shared_mtp[k].copy_(v)
-        self.inbox.put(("load", version))
+        self.inbox.put(("load", (version, bool(mtp))))
         self.reply()
 
     def submit(self, prompts, max_new_tokens, seed) -> None:
         self.inbox.put(("generate", {"prompts": prompts, "max_new_tokens": max_new_tokens, "seed": seed}))
+
+    def probe(self, ids: list[int]) -> dict:
+        self.inbox.put(("probe", ids))
+        return self.reply()
 
     def close(self) -> None:
         if self.proc.is_alive():
@@ -184,6 +222,31 @@ class LocalWorker(RolloutWorker):
 
     def close(self) -> None:
         pass
+
+
+# ----- the check after every sync -----
+
+# mean |log p_rollout - log p_trainer| over the probe's tokens that a sync may leave: the rollout side's numerics
+# (bf16 weights, other kernels) cost ~0.02-0.05 nats; weights that are not the trainer's cost far more
+SYNC_PROBE_TOL = {"bfloat16": 0.15, "float32": 0.01}
+
+
+@torch.no_grad()
+def check_sync(worker, policy: Decoder, probe_ids: list[int], dtype: str, draft_tol: float) -> dict:
+    """Step 4 of a sync: the rollout side's probe log-probs against the trainer's (and its draft check). A
+    rollout engine that did not take the new weights stops the run with one line, instead of sampling from a
+    policy the trainer does not have."""
+    got = worker.probe(probe_ids)
+    ids = torch.tensor([probe_ids], device=policy.embed.weight.device)
+    want = token_logprobs(policy.logits(policy.forward_full(ids))[0], probe_ids)
+    error = sum(abs(a - b) for a, b in zip(got["logprobs"], want)) / len(want)
+    if error > SYNC_PROBE_TOL[dtype]:
+        raise BebopError(f"the rollout engine's weights are not the trainer's after a sync: probe log-probs differ by "
+                         f"{error:.3f} nats per token (tolerance {SYNC_PROBE_TOL[dtype]} in {dtype})")
+    if got["draft_error"] is not None and got["draft_error"] > draft_tol:
+        raise BebopError(f"the rollout engine's draft is not bebop's after a sync: its linears are off by "
+                         f"{got['draft_error']:.3f} (relative; tolerance {draft_tol})")
+    return {"sync_probe_error": error, "sync_draft_error": got["draft_error"]}
 
 
 # ----- data order -----
@@ -315,7 +378,16 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
                 rows = [r for r in path.read_text().splitlines() if json.loads(r)["step"] <= start]
                 path.write_text("".join(r + "\n" for r in rows))
 
-    if one_step:
+    probe_ids = eval_ids[0] + pool_ids[0]  # a fixed sequence the sync check scores on both sides
+    draft_tol = float("inf")
+    if cfg.rollout_backend == "vllm":
+        from bebop.rl.vllm_worker import DRAFT_CHECK_TOL, vllm_args
+
+        draft_tol = DRAFT_CHECK_TOL
+        longest = max(map(len, pool_ids + eval_ids + [probe_ids])) + cfg.max_completion_length
+        worker = WorkerProcess(policy, mtp, cfg, rollout_dtype, total // 2 if one_step else total,
+                               vllm_args(cfg, mtp, out, longest))
+    elif one_step:
         worker = WorkerProcess(policy, mtp, cfg, rollout_dtype, total // 2)
     else:
         worker = LocalWorker(model_spec(policy, mtp, rollout_dtype), rollout_dtype, cfg.rollout, cfg.draft_len,
@@ -323,6 +395,7 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
     rows = []
     try:
         worker.load_weights(policy_state(policy), mtp_state(mtp), start)
+        check_sync(worker, policy, probe_ids, rollout_dtype, draft_tol)
 
         def evaluate(step):
             t0 = time.perf_counter()
@@ -381,16 +454,21 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
             t_sync = time.perf_counter()
             worker.load_weights(policy_state(policy), mtp_state(mtp) if online else {}, step + 1)
             sync_s = time.perf_counter() - t_sync
+            t_check = time.perf_counter()
+            sync = check_sync(worker, policy, probe_ids, rollout_dtype, draft_tol)
+            sync["sync_check_s"] = time.perf_counter() - t_check
             step_s = time.perf_counter() - t0 + carry_s
             carry_s = 0.0
             stats, n_tok = got["stats"], sum(map(len, got["tokens"]))
-            ent = sum(sum(e) for e in got["entropies"]) / max(n_tok, 1)
+            ent = update["policy_entropy"]  # vLLM returns no entropies: the trainer's recomputation stands in
+            if got["entropies"] is not None:
+                ent = sum(sum(e) for e in got["entropies"]) / max(n_tok, 1)
             row = {"step": step + 1, "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
                    "entropy_mean": ent, "acceptance_rate": stats["acceptance_rate"],
                    "mean_acceptance_length": stats["mean_acceptance_length"],
                    "per_position_acceptance": stats["per_position_acceptance"], "tokens": n_tok,
                    "completion_length_mean": n_tok / len(samples), "rollout_s": got["rollout_s"],
-                   "reward_s": reward_s, "train_s": train_s, "mtp_train_s": mtp_train_s, "sync_s": sync_s,
+                   "reward_s": reward_s, "train_s": train_s, "mtp_train_s": mtp_train_s, "sync_s": sync_s, **sync,
                    "wait_s": wait_s if one_step else None, "step_s": step_s,
                    "policy_version": step, "rollout_policy_version": got["version"],
                    "policy_version_lag": step - got["version"], **update, **mtp_update}

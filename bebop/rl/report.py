@@ -85,15 +85,18 @@ def amdahl(s: float, r: float) -> float:
 
 def summarize(run: dict) -> dict:
     c, rows, evals = run["config"], run["rows"], run["evals"]
-    total = lambda k: sum(r[k] or 0 for r in rows)
+    total = lambda k: sum(r.get(k) or 0 for r in rows)
     tokens = total("tokens")
     acc = [r["acceptance_rate"] for r in rows if r["acceptance_rate"] is not None]
     label = c["rollout"] if c["rollout"] == "ar" else f"{c['rollout']} ({c['mtp_strategy']})"
-    return {"dir": run["dir"], "label": f"{label}, {c['async_mode']}", "rollout": c["rollout"],
+    backend = c.get("rollout_backend", "bebop")  # (runs from before the vLLM backend generated with bebop's)
+    return {"dir": run["dir"], "label": f"{label}, {c['async_mode']}" + (", vllm" if backend == "vllm" else ""),
+            "rollout": c["rollout"], "rollout_backend": backend,
             "mtp_strategy": c["mtp_strategy"], "async_mode": c["async_mode"], "seed": c["seed"],
             "model": c["model"], "task": c["task"], "steps": len(rows), "tokens": tokens,
             "wall_s": total("step_s"), "rollout_s": total("rollout_s"), "train_s": total("train_s"),
-            "mtp_train_s": total("mtp_train_s"), "sync_s": total("sync_s"),
+            "mtp_train_s": total("mtp_train_s"), "sync_s": total("sync_s"), "sync_check_s": total("sync_check_s"),
+            "wall_s_per_token": total("step_s") / max(tokens, 1),
             "rollout_share": total("rollout_s") / max(total("step_s"), 1e-9),
             "rollout_s_per_token": total("rollout_s") / max(tokens, 1),
             "reward_first": rows[0]["reward_mean"], "reward_last": rows[-1]["reward_mean"],
@@ -105,12 +108,12 @@ def summarize(run: dict) -> dict:
 
 
 def compare(summaries: list[dict]) -> None:
-    """Add, to each run, its speedup over the ar run of the same seed, model, task and async mode; r; the
-    Amdahl bound from the synchronous ar run's rollout share; and projections."""
+    """Add, to each run, its speedup over the ar run of the same seed, model, task, async mode and rollout
+    backend; r; the Amdahl bound from the synchronous ar run's rollout share; and projections."""
     def find(s, mode):
+        key = lambda b: (b["rollout"], b["async_mode"], b["seed"], b["model"], b["task"], b["rollout_backend"])
         for b in summaries:
-            if (b["rollout"], b["async_mode"], b["seed"], b["model"], b["task"]) == ("ar", mode, s["seed"], s["model"],
-                                                                                     s["task"]):
+            if key(b) == ("ar", mode, s["seed"], s["model"], s["task"], s["rollout_backend"]):
                 return b
         return None
 
@@ -145,15 +148,19 @@ def heldout(e) -> str:
 
 
 def markdown(summaries: list[dict]) -> str:
-    lines = ["# RL runs", "", "| run | steps | wall s | rollout s | train s | mtp s | sync s | rollout share | "
+    lines = ["# RL runs", "", "| run | steps | wall s | rollout s | train s | mtp s | sync s (+ check) | rollout share | "
              "reward first -> last | held-out start -> end (n, 95% CI) | acceptance first -> last (max drift) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         lines.append(f"| {s['label']} | {s['steps']} | {s['wall_s']:.1f} | {s['rollout_s']:.1f} | {s['train_s']:.1f} | "
-                     f"{s['mtp_train_s']:.1f} | {s['sync_s']:.2f} | {s['rollout_share']:.2f} | "
+                     f"{s['mtp_train_s']:.1f} | {s['sync_s']:.2f} (+{s['sync_check_s']:.2f}) | {s['rollout_share']:.2f} | "
                      f"{s['reward_first']:.3f} -> {s['reward_last']:.3f} | {heldout(s['heldout_first'])} -> "
                      f"{heldout(s['heldout_last'])} | {fmt(s['acceptance_first'])} -> {fmt(s['acceptance_last'])} "
                      f"({fmt(s['acceptance_max_drift'])}) |")
+    if len(summaries) > 1:
+        best = min(summaries, key=lambda s: s["wall_s_per_token"])
+        lines += ["", f"Fastest here: **{best['label']}** ({best['wall_s_per_token'] * 1000:.1f} ms of wall time per "
+                  f"generated token over the run; {best['dir']})."]
     drifting = [s for s in summaries if s["drift"] or s["acceptance_vs_entropy"]]
     if drifting:
         lines += ["", "## Acceptance through the run", "",

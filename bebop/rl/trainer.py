@@ -48,9 +48,10 @@ def pack(samples: list[Sample], device):
     return tokens.to(device), plen.to(device), clen.to(device), sampling.to(device)
 
 
-def completion_logps(model, tokens, plen, clen, temperature: float, use_bf16: bool):
+def completion_logps(model, tokens, plen, clen, temperature: float, use_bf16: bool, entropy: bool = False):
     """log pi(completion token) at the sampling temperature [B, Lc], the completion mask [B, Lc], and the last
-    hidden states [B, S, d]. Logits are computed only at the positions that predict completion tokens."""
+    hidden states [B, S, d] (with `entropy`, also the entropy of pi at each position [B, Lc], no gradient).
+    Logits are computed only at the positions that predict completion tokens."""
     B, S = tokens.shape
     Lc = max(int(clen.max()), 1)
     with autocast(model, use_bf16):
@@ -58,8 +59,13 @@ def completion_logps(model, tokens, plen, clen, temperature: float, use_bf16: bo
         pos = (plen.unsqueeze(1) - 1 + torch.arange(Lc, device=tokens.device)).clamp(max=S - 2)
         rows = torch.arange(B, device=tokens.device).unsqueeze(1)
         logits = model.logits(hidden[rows, pos])
-    logps = F.log_softmax(logits.float() / temperature, -1).gather(-1, tokens[rows, pos + 1].unsqueeze(-1)).squeeze(-1)
+    all_logps = F.log_softmax(logits.float() / temperature, -1)
+    logps = all_logps.gather(-1, tokens[rows, pos + 1].unsqueeze(-1)).squeeze(-1)
     mask = torch.arange(Lc, device=tokens.device).unsqueeze(0) < clen.unsqueeze(1)
+    if entropy:
+        with torch.no_grad():
+            ent = -(all_logps.exp() * all_logps).sum(-1)
+        return logps, mask, hidden, ent
     return logps, mask, hidden
 
 
@@ -69,7 +75,8 @@ def policy_step(policy, opt, samples: list[Sample], cfg: RLConfig, use_bf16: boo
     device = policy.embed.weight.device
     micro = [samples[i:i + cfg.micro_batch_size] for i in range(0, len(samples), cfg.micro_batch_size)]
     n_tokens = sum(len(s.completion_ids) for s in samples)
-    olds, sums = [], {"loss": 0.0, "kl": 0.0, "clipped": 0.0, "mismatch": 0.0, "is_ratio": 0.0, "tokens": 0}
+    olds, sums = [], {"loss": 0.0, "kl": 0.0, "clipped": 0.0, "mismatch": 0.0, "is_ratio": 0.0, "entropy": 0.0,
+                      "tokens": 0}
     is_max, grad_norms = 0.0, []
     policy.train()
     for it in range(cfg.num_iterations):
@@ -77,8 +84,9 @@ def policy_step(policy, opt, samples: list[Sample], cfg: RLConfig, use_bf16: boo
         for m, part in enumerate(micro):
             tokens, plen, clen, sampling = pack(part, device)
             adv = torch.tensor([s.advantage for s in part], device=device)
-            logps, mask, _ = completion_logps(policy, tokens, plen, clen, cfg.temperature, use_bf16)
+            logps, mask, _, ent = completion_logps(policy, tokens, plen, clen, cfg.temperature, use_bf16, entropy=True)
             if it == 0:
+                sums["entropy"] += float((ent * mask).sum())
                 old = logps.detach()
                 is_w = grpo.truncated_is_ratio(old, sampling[:, :old.shape[1]], cfg.importance_sampling_cap)
                 olds.append((old, is_w))
@@ -108,7 +116,8 @@ def policy_step(policy, opt, samples: list[Sample], cfg: RLConfig, use_bf16: boo
     first = max(n_tokens, 1)
     return {"loss": sums["loss"] / cfg.num_iterations, "kl": sums["kl"] / t if cfg.beta > 0 else None,
             "clip_ratio": sums["clipped"] / t, "logprob_mismatch": sums["mismatch"] / first,
-            "is_ratio_mean": sums["is_ratio"] / first, "is_ratio_max": is_max, "grad_norm": grad_norms[-1]}
+            "is_ratio_mean": sums["is_ratio"] / first, "is_ratio_max": is_max, "grad_norm": grad_norms[-1],
+            "policy_entropy": sums["entropy"] / first}
 
 
 def mtp_step(mtp, opt, policy, samples: list[Sample], cfg: RLConfig, use_bf16: bool) -> dict:
