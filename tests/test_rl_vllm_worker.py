@@ -149,17 +149,25 @@ class ToyTask:
         return sum(c.isalpha() for c in completion) / max(len(completion), 1)
 
 
-def test_rl_run_with_the_vllm_backend_writes_bebops_metrics(model_dir, tmp_path):
+def test_rl_run_with_the_vllm_backend_writes_bebops_metrics_one_step_and_resumes(model_dir, tmp_path):
+    """bebop's backend synchronous; vLLM's one step off-policy (one core each) for 2 steps, then resumed to 3."""
     tasks = [ToyTask(p) for p in PROMPTS]
     rows = {}
-    for backend in ("bebop", "vllm"):
+    for backend, kw in (("bebop", {}), ("vllm", {"async_mode": "one-step", "threads": 2})):
         policy, tok = load_model(model_dir)
         draft = new_eagle3(policy, seed=1)
-        rows[backend] = run_rl(config(model_dir, rollout_backend=backend), tmp_path / backend, policy, tok, tasks,
+        rows[backend] = run_rl(config(model_dir, rollout_backend=backend, **kw), tmp_path / backend, policy, tok, tasks,
                                tasks[:2], draft, progress=False)
     assert set(rows["vllm"][0]) == set(rows["bebop"][0])
-    assert [r["step"] for r in rows["vllm"]] == [1, 2]
-    for r in rows["vllm"]:
+    assert [r["policy_version_lag"] for r in rows["vllm"]] == [0, 1]  # batch 2 came from weights 0
+    policy, tok = load_model(model_dir)
+    resumed = run_rl(config(model_dir, async_mode="one-step", threads=2, steps=3), tmp_path / "vllm", policy, tok,
+                     tasks, tasks[:2], new_eagle3(policy, seed=1), resume=True, progress=False)
+    # (the run ended at step 2 with no batch in flight, so batch 3 is generated afresh, from weights 2)
+    assert [r["step"] for r in resumed] == [3] and resumed[0]["rollout_policy_version"] == 2
+    lines = (tmp_path / "vllm" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [1, 2, 3]
+    for r in rows["vllm"] + resumed:
         assert r["sync_probe_error"] < 1e-3 and r["sync_draft_error"] < 1e-3 and r["sync_s"] > 0
         assert r["acceptance_rate"] is not None and r["entropy_mean"] == r["policy_entropy"] > 0
     assert (tmp_path / "vllm" / "vllm-draft" / "config.json").exists()  # the draft vLLM loaded, kept with the run
