@@ -580,6 +580,11 @@ def add_rl_args(p):
                         "default the model's shipped one; its log goes to OUT/vllm.log)")
     p.add_argument("--draft-len", type=int, default=d.draft_len,
                    help="draft tokens per step (vLLM's num_speculative_tokens; vLLM has no automatic K)")
+    p.add_argument("--ray", nargs="?", const="local", default=d.ray, metavar="ADDRESS",
+                   help="rollout workers as Ray actors (bebop[ray]): no ADDRESS starts a local Ray, 'auto' joins "
+                        "the running cluster, or host:port")
+    p.add_argument("--rollout-workers", type=int, default=d.rollout_workers,
+                   help="Ray rollout actors; the rollout threads are split between them")
     p.add_argument("--mtp-strategy", default=d.mtp_strategy, help=f"{'|'.join(MTP_STRATEGIES)}")
     p.add_argument("--mtp-learning-rate", type=float, default=d.mtp_learning_rate)
     p.add_argument("--async-mode", default=d.async_mode, help=f"{'|'.join(ASYNC_MODES)}")

@@ -41,6 +41,8 @@ class RLConfig:
     autocast: str = "auto"  # bf16 autocast over fp32 master weights: auto = whichever a short probe finds faster
     rollout: str = "spec"
     rollout_backend: str = "bebop"  # bebop's engine, or vLLM (bebop.rl.vllm_worker; EAGLE-3 drafts only)
+    ray: str | None = None  # None: no Ray; "local": start a local cluster; else an address to join ("auto")
+    rollout_workers: int = 1  # rollout actors under Ray, the thread budget split between them
     draft_len: int = 3
     mtp_strategy: str = "frozen"
     mtp_learning_rate: float = 1e-4
@@ -85,6 +87,10 @@ class RLConfig:
             raise BebopError(f"--draft-len must be >= 1 for --rollout {self.rollout}, got {self.draft_len}")
         if self.rollout == "ar" and self.mtp_strategy != "frozen":
             raise BebopError(f"--mtp-strategy {self.mtp_strategy} needs a speculative --rollout (spec or spec-greedy)")
+        if self.rollout_workers < 1:
+            raise BebopError(f"--rollout-workers must be >= 1, got {self.rollout_workers}")
+        if self.rollout_workers > 1 and self.ray is None:
+            raise BebopError("--rollout-workers above 1 needs --ray (the workers are Ray actors)")
         if self.async_mode == "one-step" and self.total_threads() < 2:
             raise BebopError("--async-mode one-step needs --threads >= 2 (one for rollouts, one for training)")
         return self

@@ -237,16 +237,19 @@ def check_sync(worker, policy: Decoder, probe_ids: list[int], dtype: str, draft_
     rollout engine that did not take the new weights stops the run with one line, instead of sampling from a
     policy the trainer does not have."""
     got = worker.probe(probe_ids)
+    got = got if isinstance(got, list) else [got]  # (Ray: one answer per rollout worker, each checked)
     ids = torch.tensor([probe_ids], device=policy.embed.weight.device)
     want = token_logprobs(policy.logits(policy.forward_full(ids))[0], probe_ids)
-    error = sum(abs(a - b) for a, b in zip(got["logprobs"], want)) / len(want)
+    error = max(sum(abs(a - b) for a, b in zip(g["logprobs"], want)) / len(want) for g in got)
+    draft_errors = [g["draft_error"] for g in got if g["draft_error"] is not None]
+    draft_error = max(draft_errors) if draft_errors else None
     if error > SYNC_PROBE_TOL[dtype]:
         raise BebopError(f"the rollout engine's weights are not the trainer's after a sync: probe log-probs differ by "
                          f"{error:.3f} nats per token (tolerance {SYNC_PROBE_TOL[dtype]} in {dtype})")
-    if got["draft_error"] is not None and got["draft_error"] > draft_tol:
+    if draft_error is not None and draft_error > draft_tol:
         raise BebopError(f"the rollout engine's draft is not bebop's after a sync: its linears are off by "
-                         f"{got['draft_error']:.3f} (relative; tolerance {draft_tol})")
-    return {"sync_probe_error": error, "sync_draft_error": got["draft_error"]}
+                         f"{draft_error:.3f} (relative; tolerance {draft_tol})")
+    return {"sync_probe_error": error, "sync_draft_error": draft_error}
 
 
 # ----- data order -----
@@ -319,7 +322,9 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
     has_checkpoint = bool(checkpoint.committed(out / "ckpt"))
     if resume and has_checkpoint:
         saved = json.loads((out / "config.json").read_text())
-        changed = sorted(k for k in config if k not in ("steps", "threads") and saved.get(k) != config[k])
+        # (where the rollouts run does not change them: threads, Ray and the number of workers may differ)
+        changed = sorted(k for k in config if k not in ("steps", "threads", "ray", "rollout_workers")
+                         and saved.get(k, RLConfig.__dataclass_fields__[k].default) != config[k])
         if changed:
             raise BebopError(f"cannot resume {out}: settings differ from the run's ({', '.join(changed)})")
     elif resume:
@@ -363,6 +368,7 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
     attention, linear = probed_kernels(policy, rollout_dtype)
     meta = {"use_bf16": use_bf16, "probe": probe, "rollout_dtype": rollout_dtype, "rollout_attention": list(attention),
             "rollout_linear": linear, "train_threads": train_threads, "rollout_threads": total // 2 if one_step else total,
+            "rollout_workers": cfg.rollout_workers, "ray": cfg.ray,
             "cpu": cpu.cpu_model(), "cpu_capability": cpu.describe(), "torch": torch.__version__}
     (out / "run.json").write_text(json.dumps(meta, indent=1))
 
@@ -379,14 +385,21 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
                 path.write_text("".join(r + "\n" for r in rows))
 
     probe_ids = eval_ids[0] + pool_ids[0]  # a fixed sequence the sync check scores on both sides
-    draft_tol = float("inf")
+    draft_tol, engine_args = float("inf"), None
+    rollout_threads = total // 2 if one_step else total
     if cfg.rollout_backend == "vllm":
         from bebop.rl.vllm_worker import DRAFT_CHECK_TOL, vllm_args
 
         draft_tol = DRAFT_CHECK_TOL
         longest = max(map(len, pool_ids + eval_ids + [probe_ids])) + cfg.max_completion_length
-        worker = WorkerProcess(policy, mtp, cfg, rollout_dtype, total // 2 if one_step else total,
-                               vllm_args(cfg, mtp, out, longest))
+        engine_args = vllm_args(cfg, mtp, out, longest)
+    if cfg.ray is not None:
+        from bebop.rl.ray_workers import RayWorkers
+
+        worker = RayWorkers(model_spec(policy, mtp, rollout_dtype), cfg, rollout_dtype,
+                            max(1, rollout_threads // cfg.rollout_workers), engine_args)
+    elif cfg.rollout_backend == "vllm":
+        worker = WorkerProcess(policy, mtp, cfg, rollout_dtype, rollout_threads, engine_args)
     elif one_step:
         worker = WorkerProcess(policy, mtp, cfg, rollout_dtype, total // 2)
     else:
@@ -421,6 +434,7 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
         bar = tqdm(total=cfg.steps, initial=start, desc=f"rl {cfg.rollout} {cfg.async_mode}", disable=not progress)
         for step in range(start, cfg.steps):
             t0 = time.perf_counter()
+            restarts = getattr(worker, "restarts", 0)  # (Ray's actors: restarted after dying)
             tasks, prompts = step_prompts(train_tasks, pool_ids, cfg, step)
             if one_step:
                 got, wait_s = pending, 0.0
@@ -470,6 +484,7 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
                    "completion_length_mean": n_tok / len(samples), "rollout_s": got["rollout_s"],
                    "reward_s": reward_s, "train_s": train_s, "mtp_train_s": mtp_train_s, "sync_s": sync_s, **sync,
                    "wait_s": wait_s if one_step else None, "step_s": step_s,
+                   "worker_restarts": getattr(worker, "restarts", 0) - restarts,
                    "policy_version": step, "rollout_policy_version": got["version"],
                    "policy_version_lag": step - got["version"], **update, **mtp_update}
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:

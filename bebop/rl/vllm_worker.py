@@ -101,8 +101,9 @@ class VllmRolloutWorker:
     sync); `draft_dir` an EAGLE-3 export for the speculative rollouts."""
 
     def __init__(self, spec: dict, dtype: str, rollout: str, draft_len: int, temperature: float, threads: int,
-                 model_dir: str, draft_dir: str | None, max_model_len: int, seed: int):
-        cores = sorted(os.sched_getaffinity(0))[-threads:]  # the trainer's threads are on the others
+                 model_dir: str, draft_dir: str | None, max_model_len: int, seed: int, first_core: int | None = None):
+        cores = sorted(os.sched_getaffinity(0))  # the last `threads` (the trainer's are the others), or from first_core
+        cores = cores[-threads:] if first_core is None else cores[first_core:first_core + threads]
         os.environ.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores)),
                            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -149,15 +150,16 @@ class VllmRolloutWorker:
             error = self.llm.collective_rpc(lambda worker: check_draft(worker.model_runner.drafter.model, draft))[0]
         return {"logprobs": logprobs, "draft_error": error}
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, seed: int) -> dict:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, seed: int | list[int]) -> dict:
+        """`seed`: the batch's (row b draws from seed * 1_000_003 + b) or one per row."""
         from vllm import SamplingParams
 
         from bebop.integrations.vllm import acceptance, spec_counters
 
         t0 = time.perf_counter()
-        params = [SamplingParams(temperature=self.temperature, max_tokens=max_new_tokens, logprobs=0,
-                                 seed=(seed * 1_000_003 + b) % 2**63, stop_token_ids=self.eos_ids, detokenize=False)
-                  for b in range(len(prompts))]
+        seeds = seed if isinstance(seed, list) else [seed * 1_000_003 + b for b in range(len(prompts))]
+        params = [SamplingParams(temperature=self.temperature, max_tokens=max_new_tokens, logprobs=0, seed=s % 2**63,
+                                 stop_token_ids=self.eos_ids, detokenize=False) for s in seeds]
         before = spec_counters(self.llm.get_metrics())
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         after = spec_counters(self.llm.get_metrics())
