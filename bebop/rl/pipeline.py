@@ -485,6 +485,7 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
                    "reward_s": reward_s, "train_s": train_s, "mtp_train_s": mtp_train_s, "sync_s": sync_s, **sync,
                    "wait_s": wait_s if one_step else None, "step_s": step_s,
                    "worker_restarts": getattr(worker, "restarts", 0) - restarts,
+                   "dispatch_s": got.get("dispatch_s"),  # Ray: the batch's wall time beyond its slowest worker's
                    "policy_version": step, "rollout_policy_version": got["version"],
                    "policy_version_lag": step - got["version"], **update, **mtp_update}
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:

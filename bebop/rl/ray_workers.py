@@ -155,7 +155,9 @@ class RayWorkers:
                 future = getattr(self.actors[i], method).remote(*args)
 
     def _call_all(self, method: str, *args) -> list:
-        return [self._get(i, method, *args) for i in range(self.n)]
+        """`method(*args)` on every actor at once; the answers in actor order."""
+        futures = [getattr(actor, method).remote(*args) for actor in self.actors]
+        return [self._get(i, method, *args, future=f) for i, f in enumerate(futures)]
 
     def load_weights(self, policy: dict, mtp: dict, version: int) -> None:
         weights = {"policy": {k: v.detach().to(self.dtype) for k, v in policy.items()},
@@ -178,9 +180,10 @@ class RayWorkers:
         start, shards = self.pending
         parts = [self._get(i, "generate", *shards[i], future=future) for i, future in self.futures]
         joined = lambda key: None if any(p[key] is None for p in parts) else [x for p in parts for x in p[key]]
+        wall = time.perf_counter() - start
         return {"tokens": joined("tokens"), "logprobs": joined("logprobs"), "entropies": joined("entropies"),
                 "stats": merge_stats([p["stats"] for p in parts]), "version": min(p["version"] for p in parts),
-                "rollout_s": time.perf_counter() - start}
+                "rollout_s": wall, "dispatch_s": wall - max(p["rollout_s"] for p in parts)}  # Ray's share
 
     def probe(self, ids: list[int]) -> list[dict]:
         return self._call_all("probe", ids)
