@@ -56,6 +56,14 @@ def acceptance(c: dict) -> dict:
             "per_position_acceptance": [a / drafts for a in c["accepted_at"]] if drafts else []}
 
 
+def counters_between(before: dict, after: dict) -> dict:
+    """What a batch added to vLLM's cumulative counters (`spec_counters` before and after it)."""
+    delta = {k: after[k] - before[k] for k in ("drafts", "drafted", "accepted")}
+    earlier = before["accepted_at"] or [0] * len(after["accepted_at"])  # vLLM has no counters before a first draft
+    delta["accepted_at"] = [a - b for a, b in zip(after["accepted_at"], earlier)]
+    return delta
+
+
 def build_llm(args):
     from vllm import LLM
 
@@ -80,10 +88,7 @@ def generate(llm, request: dict) -> dict:
     start = time.perf_counter()
     outputs = llm.generate([{"prompt_token_ids": p} for p in request["prompts"]], params, use_tqdm=False)
     seconds = time.perf_counter() - start
-    after = spec_counters(llm.get_metrics())
-    delta = {k: after[k] - before[k] for k in ("drafts", "drafted", "accepted")}
-    earlier = before["accepted_at"] or [0] * len(after["accepted_at"])  # vLLM has no counters before a first draft
-    delta["accepted_at"] = [a - b for a, b in zip(after["accepted_at"], earlier)]
+    delta = counters_between(before, spec_counters(llm.get_metrics()))
     return {"tokens": [list(o.outputs[0].token_ids) for o in outputs], "seconds": seconds, **acceptance(delta)}
 
 

@@ -154,7 +154,7 @@ class VllmRolloutWorker:
         """`seed`: the batch's (row b draws from seed * 1_000_003 + b) or one per row."""
         from vllm import SamplingParams
 
-        from bebop.integrations.vllm import acceptance, spec_counters
+        from bebop.integrations.vllm import acceptance, counters_between, spec_counters
 
         t0 = time.perf_counter()
         seeds = seed if isinstance(seed, list) else [seed * 1_000_003 + b for b in range(len(prompts))]
@@ -162,10 +162,7 @@ class VllmRolloutWorker:
                                  stop_token_ids=self.eos_ids, detokenize=False) for s in seeds]
         before = spec_counters(self.llm.get_metrics())
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        after = spec_counters(self.llm.get_metrics())
-        earlier = before["accepted_at"] or [0] * len(after["accepted_at"])  # no counters before a first draft
-        delta = {k: after[k] - before[k] for k in ("drafts", "drafted", "accepted")}
-        delta["accepted_at"] = [a - b for a, b in zip(after["accepted_at"], earlier)]
+        delta = counters_between(before, spec_counters(self.llm.get_metrics()))
         acc = acceptance(delta)
         tokens = [list(o.outputs[0].token_ids) for o in outputs]
         logprobs = [[d[t].logprob for d, t in zip(o.outputs[0].logprobs, toks)] for o, toks in zip(outputs, tokens)]
