@@ -36,7 +36,7 @@ from bebop.errors import BebopError
 from bebop.memory import retain_freed_memory
 from bebop.models.decoder import Decoder, convert_hf_state_dict
 from bebop.models.registry import DEFAULT_MODEL, DTYPES, load_model
-from bebop.mtp import MTP, default_mtp, load_mtp
+from bebop.mtp import MTP, default_mtp, load_mtp, shipped_draft
 from bebop.sampling import SamplingParams
 
 
@@ -84,13 +84,30 @@ class BebopRollout:
     dtype: None ("auto" for a name: bfloat16 where this machine runs it faster; the model's own dtype for a
     transformers model) or a dtype name as bebop.models.registry.load_model takes it.
     max_batch: at most this many rows decoding at once (continuous batching); None = all of the call's prompts.
-    seed: base of the per-sample seeds; None = the trainer's `args.seed`."""
+    seed: base of the per-sample seeds; None = the trainer's `args.seed`.
+    backend: "bebop" (bebop's engine, the default) or "vllm": vLLM generates instead (bebop.rl.vllm_worker, in a
+    process of its own, started at the first call), with the draft's EAGLE-3 export (default: the model's
+    shipped EAGLE-3 draft) and a fixed draft_len; every sync writes bebop's copy of the weights into vLLM in
+    place and checks that vLLM computes what they compute. The model must be a name or directory vLLM can load."""
 
     def __init__(self, model=DEFAULT_MODEL, mode: str = "spec", draft_len: int | str = "auto", dtype: str | None = None,
                  mtp: str | MTP | None = None, max_batch: int | None = None, seed: int | None = None,
-                 progress: bool = False):
+                 progress: bool = False, backend: str = "bebop"):
         if mode not in MODES:
             raise BebopError(f"unknown mode '{mode}' (choose from {', '.join(MODES)})")
+        if backend not in ("bebop", "vllm"):
+            raise BebopError(f"unknown backend '{backend}' (choose from bebop, vllm)")
+        self.backend, self.worker, self.model_dir = backend, None, None
+        if backend == "vllm":
+            from bebop.integrations.vllm import installed
+            from bebop.models.registry import hf_dir
+
+            if not installed():
+                raise BebopError("backend='vllm' needs vLLM: pip install 'bebop[vllm]'")
+            if mode != "ar" and not isinstance(draft_len, int):
+                raise BebopError("backend='vllm' needs a fixed draft_len (vLLM's num_speculative_tokens; it has no auto)")
+            path = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "")
+            self.model_dir = str(hf_dir(path))  # a model vLLM can load from disk, or one error line
         if max_batch is not None and max_batch < 1:
             raise BebopError(f"max_batch must be >= 1, got {max_batch}")
         if isinstance(model, str):
@@ -108,7 +125,11 @@ class BebopRollout:
         self.mode, self.draft_len, self.max_batch, self.seed, self.progress = mode, draft_len, max_batch, seed, progress
         retain_freed_memory()  # this process will run the engine (bebop.memory)
         self.mtp = None
-        if mode != "ar":
+        if mode != "ar" and backend == "vllm" and mtp is None:
+            self.mtp = shipped_draft(self.decoder, "eagle3")
+            if self.mtp is None:
+                raise BebopError(f"backend='vllm' needs an EAGLE-3 draft (mtp=...): this model ships none")
+        elif mode != "ar":
             self.mtp = (mtp if isinstance(mtp, MTP) else load_mtp(mtp, self.decoder) if mtp
                         else default_mtp(self.decoder))
         self.pairs = None  # built on the first sync, against the trainer's model
@@ -151,30 +172,77 @@ class BebopRollout:
         except ValueError as e:
             raise BebopError(str(e)) from None
 
+    # ----- vLLM as the engine (backend="vllm") -----
+    def start_vllm(self, trainer, probe_ids: list[int]) -> None:
+        """vLLM in a process of its own (bebop.rl.pipeline.WorkerProcess), sampling at the trainer's temperature
+        and EOS; its log and the draft's export go to a fresh temporary directory."""
+        import os
+        import tempfile
+
+        from bebop.rl.config import RLConfig
+        from bebop.rl.pipeline import WorkerProcess
+        from bebop.rl.vllm_worker import vllm_args
+
+        if trainer.top_p != 1.0 or trainer.top_k:
+            raise BebopError("backend='vllm' samples with temperature only here: set top_p=1.0 and top_k=0")
+        self.decoder.eos_ids = list(trainer.eos_token_ids)
+        cfg = RLConfig(model=self.model_dir, rollout=self.mode, rollout_backend="vllm", temperature=trainer.temperature,
+                       draft_len=self.draft_len if self.mode != "ar" else 1, seed=trainer.args.seed)
+        out = tempfile.mkdtemp(prefix="bebop-trl-vllm-")
+        dtype = str(self.decoder.embed.weight.dtype).removeprefix("torch.")
+        self.worker = WorkerProcess(self.decoder, self.mtp, cfg, dtype, len(os.sched_getaffinity(0)),
+                                    vllm_args(cfg, self.mtp, out, self.decoder.max_len))
+        self.probe_ids, self.dtype = probe_ids, dtype
+
+    def sync_vllm(self, step: int, first: bool) -> None:
+        """bebop's copy of the weights (just synced) into vLLM (the frozen draft's only at the first sync), then
+        the check that vLLM computes what they compute."""
+        from bebop.rl.pipeline import check_sync, mtp_state, policy_state
+        from bebop.rl.vllm_worker import DRAFT_CHECK_TOL
+
+        self.worker.load_weights(policy_state(self.decoder), mtp_state(self.mtp) if first else {}, step)
+        check_sync(self.worker, self.decoder, self.probe_ids, self.dtype, DRAFT_CHECK_TOL)
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+
     # ----- the rollout function -----
     def __call__(self, prompts: list, trainer) -> dict:
         metrics = trainer._metrics["train" if trainer.model.training else "eval"]  # TRL's own metric buffer
         step = trainer.state.global_step
+        prompt_ids = self.prompt_ids(prompts, trainer)
+        if self.backend == "vllm" and self.worker is None:
+            self.start_vllm(trainer, prompt_ids[0])
         if step != self.synced_step:
-            metrics["bebop/weight_sync_time"].append(self.sync_weights(trainer.accelerator.unwrap_model(trainer.model)))
+            seconds = self.sync_weights(trainer.accelerator.unwrap_model(trainer.model))
+            if self.backend == "vllm":
+                start = time.perf_counter()
+                self.sync_vllm(step, first=self.synced_step is None)
+                seconds += time.perf_counter() - start
+            metrics["bebop/weight_sync_time"].append(seconds)
             self.synced_step = step
         params = self.sampling_params(trainer)
-        prompt_ids = self.prompt_ids(prompts, trainer)
         base = trainer.args.seed if self.seed is None else self.seed
         seeds = [base * 1_000_003 + self.samples + i for i in range(len(prompt_ids))]
         self.samples += len(prompt_ids)
 
         start = time.perf_counter()
-        try:  # one engine call: continuous batching keeps at most max_batch rows decoding at once
-            g = generate(self.decoder, prompt_ids, trainer.max_completion_length, params, mode=self.mode,
-                         mtp=self.mtp, draft_len=self.draft_len, seed=seeds, eos_ids=list(trainer.eos_token_ids),
-                         progress=self.progress, max_batch=self.max_batch)
-        except ValueError as e:
-            raise BebopError(str(e)) from None
-        rollouts, stats = g.rollouts, g.stats
+        if self.backend == "vllm":
+            self.worker.submit(prompt_ids, trainer.max_completion_length, seeds)
+            got = self.worker.reply()
+            completions, logprobs, summary = got["tokens"], got["logprobs"], got["stats"]
+        else:
+            try:  # one engine call: continuous batching keeps at most max_batch rows decoding at once
+                g = generate(self.decoder, prompt_ids, trainer.max_completion_length, params, mode=self.mode,
+                             mtp=self.mtp, draft_len=self.draft_len, seed=seeds, eos_ids=list(trainer.eos_token_ids),
+                             progress=self.progress, max_batch=self.max_batch)
+            except ValueError as e:
+                raise BebopError(str(e)) from None
+            completions, logprobs = [r.tokens for r in g.rollouts], [r.logprobs for r in g.rollouts]
+            summary = g.stats.summary()
         metrics["bebop/generation_time"].append(time.perf_counter() - start)
 
-        summary = stats.summary()
         extra = {"acceptance_rate": summary["acceptance_rate"],
                  "mean_acceptance_length": summary["mean_acceptance_length"],
                  # a tuple, not a list: TRL would hand a list's items out one per completion
@@ -184,5 +252,4 @@ class BebopRollout:
                 metrics[f"bebop/{key}"].append(summary[key])
         for i, a in enumerate(extra["per_position_acceptance"]):
             metrics[f"bebop/per_position_acceptance/{i}"].append(a)
-        return {"prompt_ids": prompt_ids, "completion_ids": [r.tokens for r in rollouts],
-                "logprobs": [r.logprobs for r in rollouts], **extra}
+        return {"prompt_ids": prompt_ids, "completion_ids": completions, "logprobs": logprobs, **extra}
