@@ -65,3 +65,22 @@ def tiny_qwen3():
 def smollm2():
     _, model, tok = loaded("smollm2-135m")
     return model, tok
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir(tmp_path_factory):
+    """A tiny Llama (tiny-llama's family and byte tokenizer) saved as a Hugging Face directory for vLLM to load,
+    with a head size vLLM's CPU attention has kernels for (32; tiny-llama's 16 has none)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tok = registry.byte_tokenizer()
+    config = AutoConfig.for_model("llama", vocab_size=len(tok), max_position_embeddings=4096, hidden_size=64,
+                                  intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                  num_key_value_heads=1, head_dim=32, tie_word_embeddings=True,
+                                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                  pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("tiny-llama-hf")
+    AutoModelForCausalLM.from_config(config).save_pretrained(d)
+    tok.save_pretrained(d)
+    return str(d)

@@ -154,28 +154,19 @@ def test_example_script_compares_backends(tmp_path, capsys):
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (make test installs it)")
 @pytest.mark.timeout(600)
-def test_two_grpo_steps_with_vllm_generating(tmp_path):
+def test_two_grpo_steps_with_vllm_generating(tmp_path, vllm_model_dir):
     """backend="vllm": vLLM generates with an EAGLE-3 draft; after each sync it holds the trainer's weights (the
     check inside the call) and its log-probs are the trainer's recomputation (fp32 both sides)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from bebop.eagle3 import new_eagle3
     from bebop.export import export_eagle3
-    from bebop.models.registry import byte_tokenizer, load_model
+    from bebop.models.registry import load_model
 
-    tok = byte_tokenizer()  # tiny-llama with a head size vLLM's CPU attention has kernels for
-    config = AutoConfig.for_model("llama", vocab_size=len(tok), max_position_embeddings=1024, hidden_size=64,
-                                  intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                                  num_key_value_heads=1, head_dim=32, tie_word_embeddings=True,
-                                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                                  pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    model_dir = tmp_path / "model"
-    AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    draft = export_eagle3(new_eagle3(load_model(str(model_dir))[0], seed=1), tmp_path / "draft")
-    hf = AutoModelForCausalLM.from_pretrained(model_dir)
-    rollout = Recording(str(model_dir), mode="spec", draft_len=2, dtype="float32", mtp=str(draft), backend="vllm")
+    policy, tok = load_model(vllm_model_dir)
+    draft = export_eagle3(new_eagle3(policy, seed=1), tmp_path / "draft")
+    hf = AutoModelForCausalLM.from_pretrained(vllm_model_dir)
+    rollout = Recording(vllm_model_dir, mode="spec", draft_len=2, dtype="float32", mtp=str(draft), backend="vllm")
     rollout.calls = []
     prompts = [[{"role": "user", "content": "What is 2 + 3?"}], [{"role": "user", "content": "Say hi."}]]
     trainer = make_trainer(hf, tok, prompts, rollout, tmp_path / "trl", steps=2, temperature=0.7)

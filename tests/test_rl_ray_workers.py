@@ -99,3 +99,16 @@ def test_an_unreachable_ray_address_is_one_line_in_seconds():
 
     with pytest.raises(BebopError, match="cannot reach Ray at '127.0.0.1:9'"):
         connect("127.0.0.1:9", 2)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (make test installs it)")
+def test_two_ray_workers_with_vllm_each_on_its_core(ray_local, vllm_model_dir, tmp_path):
+    """The vLLM backend under Ray: each actor runs its own vLLM on its bundle's core; same metrics as without."""
+    from bebop.eagle3 import new_eagle3
+
+    policy, tok = load_model(vllm_model_dir)
+    tasks = [ToyTask(p) for p in PROMPTS]
+    cfg = config(model=vllm_model_dir, rollout_backend="vllm", ray="local", rollout_workers=2, steps=1)
+    rows = run_rl(cfg, tmp_path / "r", policy, tok, tasks, tasks[:2], new_eagle3(policy, seed=1), progress=False)
+    assert rows[0]["sync_probe_error"] < 1e-3 and rows[0]["sync_draft_error"] < 1e-3
+    assert rows[0]["acceptance_rate"] is not None and rows[0]["worker_restarts"] == 0

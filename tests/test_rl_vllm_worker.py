@@ -13,7 +13,7 @@ import torch
 
 from bebop.eagle3 import new_eagle3
 from bebop.errors import BebopError
-from bebop.models.registry import byte_tokenizer, chat_ids, load_model
+from bebop.models.registry import chat_ids, load_model
 from bebop.rl import grpo
 from bebop.rl.config import RLConfig
 from bebop.rl.pipeline import WorkerProcess, check_sync, mtp_state, policy_state, run_rl, token_logprobs
@@ -27,21 +27,8 @@ PROMPTS = ["add 2 and 3", "name a fruit", "say hi", "count to 4"]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """tiny-llama's family and tokenizer with a head size vLLM's CPU attention has kernels for (32, not 16)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    tok = byte_tokenizer()
-    config = AutoConfig.for_model("llama", vocab_size=len(tok), max_position_embeddings=4096, hidden_size=64,
-                                  intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                                  num_key_value_heads=1, head_dim=32, tie_word_embeddings=True,
-                                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                                  pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("tiny-llama-hf")
-    AutoModelForCausalLM.from_config(config).save_pretrained(d)
-    tok.save_pretrained(d)
-    return str(d)
+def model_dir(vllm_model_dir):
+    return vllm_model_dir
 
 
 def config(model_dir, **kw):
