@@ -1,0 +1,46 @@
+#!/bin/bash
+# Issue 26 (the paper's finding 4 at RL length): pre-RL drafts distilled on the RL task's own prompts with three
+# losses at equal data and compute, each frozen through a 100-step GRPO run, plus spec-greedy, an online
+# strategy and ar; then the report. Every stage resumes where a kill left it: run this again to continue.
+#   bash examples/finding4_runs.sh            (hours on 2 cores; one stage at a time, all threads each)
+set -e
+BEBOP=${BEBOP:-.venv/bin/bebop}
+W=runs/rl26 R=results/rl-finding4-smollm2-135m STEPS=100
+mkdir -p $W $R
+
+# 1. self-distilled data: the RL run's own train-split prompts (seed 0, the order bebop rl draws them)
+[ -f $W/arithmetic-prompts.jsonl ] || .venv/bin/python examples/task_prompts.py --task arithmetic --num 800 \
+    --seed 0 --out $W/arithmetic-prompts.jsonl
+[ -f $W/data/heldout.jsonl ] || $BEBOP make-data --model smollm2-135m --prompts $W/arithmetic-prompts.jsonl \
+    --num-samples 1200 --heldout-samples 120 --max-new-tokens 96 --temperature 1.0 --batch-size 64 --seed 26 \
+    --out $W/data
+
+# 2. three drafts from the same init (the shipped MTP v4), same data, steps, batch, lr and seed; only the loss differs
+for loss in ce kl kl+e2e-tv; do
+  out=$W/draft-$loss
+  [ -f $out.safetensors ] && [ "$(python3 -c "import json;print(json.load(open('$out.json'))['meta']['step'])")" = 400 ] && continue
+  resume=; [ -d $out.ckpt ] && resume=--resume
+  $BEBOP train-mtp --model smollm2-135m --data $W/data --init bebop/checkpoints/smollm2-135m-mtp --loss $loss \
+    --feature-layers 2,15,27 --features-dtype bfloat16 --draft-len 3 --steps 400 --batch-size 8 --lr 3e-4 \
+    --max-seq-len 384 --eval-every 400 --eval-sequences 120 --eval-prompts 8 --save-every 50 --seed 0 \
+    --out $out $resume
+done
+
+# 3. GRPO runs, same seed, task, batch and learning rate; K = 3 fixed so acceptance is comparable across runs
+rl() {  # name, then the run's own options
+  local out=$R/$1; shift
+  [ -f $out/metrics.jsonl ] && [ "$(wc -l < $out/metrics.jsonl)" -ge $STEPS ] && return
+  local resume=; [ -d $out/ckpt ] && resume=--resume
+  $BEBOP rl --model smollm2-135m --task arithmetic --steps $STEPS --prompts-per-step 4 --num-generations 4 \
+    --max-completion-length 96 --learning-rate 1e-5 --eval-every 25 --eval-prompts 32 --seed 0 --async-mode off \
+    --draft-len 3 --save-every 5 --out $out $resume "$@"
+}
+rl spec-kl+e2e-tv --rollout spec --mtp $W/draft-kl+e2e-tv --mtp-strategy frozen
+rl spec-ce --rollout spec --mtp $W/draft-ce --mtp-strategy frozen
+rl spec-kl --rollout spec --mtp $W/draft-kl --mtp-strategy frozen
+rl spec-greedy-kl+e2e-tv --rollout spec-greedy --mtp $W/draft-kl+e2e-tv --mtp-strategy frozen
+rl spec-online-e2e-tv --rollout spec --mtp $W/draft-kl+e2e-tv --mtp-strategy online-e2e-tv
+rl ar --rollout ar
+
+# 4. the report over every run that has steps
+$BEBOP report $(ls -d $R/*/ | grep -v report) --out $R/report
