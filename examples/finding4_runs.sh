@@ -43,4 +43,4 @@ rl spec-online-e2e-tv --rollout spec --mtp $W/draft-kl+e2e-tv --mtp-strategy onl
 rl ar --rollout ar
 
 # 4. the report over every run that has steps
-$BEBOP report $(ls -d $R/*/ | grep -v report) --out $R/report
+$BEBOP report $(ls -d $R/*/ | grep -v -e report -e drafts) --out $R/report
