@@ -2,9 +2,11 @@
 two workers give the local pipeline's samples and metrics schema, a worker killed mid-batch is restarted and the
 batch completes with the same samples, bad input is one line."""
 
+import copy
 import importlib.util
 
 import pytest
+import torch
 
 from bebop.errors import BebopError
 from bebop.models.registry import chat_ids, load_model
@@ -77,6 +79,17 @@ def test_a_worker_killed_mid_batch_is_restarted_and_the_batch_completes(ray_loca
         flat = lambda rows: [x for row in rows for x in row]
         assert got["tokens"] == clean["tokens"] and flat(got["logprobs"]) == pytest.approx(flat(clean["logprobs"]))
         assert got["stats"]["tokens"] == sum(map(len, got["tokens"]))
+        # the restarted actor holds the trainer's weights (the sync check passes), a stale copy fails it
+        from bebop.rl.pipeline import check_sync
+
+        probe = prompts[0]
+        assert check_sync(workers, policy, probe, "float32", float("inf"))["sync_probe_error"] < 1e-4
+        moved = copy.deepcopy(policy)
+        with torch.no_grad():
+            for p in moved.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        with pytest.raises(BebopError, match="not the trainer's"):
+            check_sync(workers, moved, probe, "float32", float("inf"))
     finally:
         workers.close()
 

@@ -186,3 +186,16 @@ def test_rl_cli_refuses_what_vllm_cannot_run_in_one_line(model_dir, tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and err.startswith("bebop: error:") and "\n" not in err and message in err, err
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+def test_a_stale_draft_fails_the_sync_check(setup):
+    """The draft half of the check: a drafter whose linears are not bebop's (the miles #1926 failure) stops it."""
+    policy, draft, tok, worker = setup
+
+    class StaleDraft:
+        def probe(self, ids):
+            return {**worker.probe(ids), "draft_error": 0.7}  # what a 5%-perturbed draft measured in vLLM
+
+    probe = chat_ids(tok, PROMPTS[0])
+    with pytest.raises(BebopError, match="draft is not bebop's"):
+        check_sync(StaleDraft(), policy, probe, "float32", DRAFT_CHECK_TOL)

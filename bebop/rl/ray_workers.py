@@ -162,10 +162,10 @@ class RayWorkers:
     def load_weights(self, policy: dict, mtp: dict, version: int) -> None:
         weights = {"policy": {k: v.detach().to(self.dtype) for k, v in policy.items()},
                    "mtp": {k: v.detach().to(self.dtype) for k, v in mtp.items()}}
-        if self.weights is not None and not mtp:  # a frozen draft: restarted actors need the one sent first
-            weights["mtp"] = self.first_mtp
+        if self.weights is not None and not mtp:  # a frozen draft: a restarted actor needs the one sent last
+            weights["mtp"] = self.last_mtp
         else:
-            self.first_mtp = weights["mtp"]
+            self.last_mtp = weights["mtp"]
         self.weights = (self.ray.put(weights), version)  # one object for every actor
         self._call_all("load_weights", *self.weights)
 
