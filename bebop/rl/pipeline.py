@@ -18,6 +18,7 @@ import copy
 import json
 import math
 import os
+import queue
 import time
 import traceback
 from dataclasses import asdict
@@ -131,8 +132,14 @@ def worker_main(spec, dtype, rollout, draft_len, temperature, threads, shared_po
             os.dup2(log, 2)
             worker = VllmRolloutWorker(spec, dtype, rollout, draft_len, temperature, threads, **vllm_args)
         outbox.put({"ready": True})
+        trainer = os.getppid()
         while True:
-            kind, arg = inbox.get()
+            try:
+                kind, arg = inbox.get(timeout=5)
+            except queue.Empty:  # a trainer killed (SIGKILL) cannot say 'stop': do not outlive it
+                if os.getppid() != trainer:
+                    return
+                continue
             if kind == "stop":
                 return
             if kind == "load":
