@@ -76,7 +76,7 @@ class Eagle3(MTP):
             return
         w = self.lm_head.weight
         self.lm_head = Linear(w.shape[1], len(self.head_weight), bias=False).to(w.device, w.dtype)
-        self.lm_head.pack = self.fc.pack  # (set_linear: as the target multiplies)
+        self.lm_head.kind = self.fc.kind  # (set_linear: as the target multiplies)
         with torch.no_grad():
             self.lm_head.weight.copy_(self.head_weight)
 

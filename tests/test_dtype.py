@@ -12,10 +12,10 @@ from bebop.models import dtype as auto_dtype
 from bebop.models import registry
 
 
-def fake_timer(costs, calls=None, several=None, packed=1.0):
+def fake_timer(costs, calls=None, several=None, linear=None):
     """A timer whose forward costs `costs[(dtype name, attention)]` seconds, times the new tokens; with
     `several`, forwards of more than one new token per row cost `several[(dtype name, attention)]` instead;
-    with packed weights, times `packed`."""
+    with a linear kind in `linear` ({kind: factor}), times its factor."""
     def timer(model, batch, new_tokens):
         if calls is not None:
             calls.append((batch, new_tokens))
@@ -23,7 +23,7 @@ def fake_timer(costs, calls=None, several=None, packed=1.0):
         kind, other = model.attention  # the probe times one kernel at a time, for both phases
         assert kind == other
         table = several if several is not None and new_tokens > 1 else costs
-        return table[(name, kind)] * batch * new_tokens * (packed if model.linear == "packed" else 1.0)
+        return table[(name, kind)] * batch * new_tokens * (linear or {}).get(model.linear, 1.0)
     return timer
 
 
@@ -62,18 +62,21 @@ def test_probe_picks_the_fastest_config(tiny_llama, costs, want):
     assert model.linear == "plain"
 
 
-@pytest.mark.parametrize("packed,want", [(0.8, "packed"), (1.1, "plain")])
-def test_probe_picks_packed_weights_where_they_are_faster(tiny_llama, packed, want, monkeypatch):
-    """Packed and plain weights compute the same products: the faster wins, with no margin; and a dtype is
-    judged with its faster linear kind (bf16 10% slower than fp32 with plain weights, 12% faster packed).
-    The timer is fake, so this CPU is told it packs: the rule is tested on every CPU."""
+@pytest.mark.parametrize("kind,factor,want", [("packed", 0.8, "packed"), ("packed", 1.1, "plain"),
+                                               ("amx", 0.8, "amx"), ("amx", 1.1, "plain")])
+def test_probe_picks_a_linear_kind_where_it_is_faster(tiny_llama, kind, factor, want, monkeypatch):
+    """Every linear kind computes the same products: the faster wins, with no margin; and a dtype is judged
+    with its faster linear kind (bf16 10% slower than fp32 with plain weights, 12% faster with the fast kind).
+    The timer is fake, so this CPU is told it packs and has the AMX kernel: the rule is tested on every CPU."""
     monkeypatch.setattr(cpu, "packs_bf16_linears", lambda: True)
+    monkeypatch.setattr(cpu, "amx_bf16_linears", lambda: True)
     model, _ = tiny_llama
-    assert auto_dtype.packs_weights(torch.bfloat16, torch.device("cpu"))
+    assert auto_dtype.linear_kinds(torch.bfloat16, torch.device("cpu")) == ("plain", "packed", "amx")
+    assert auto_dtype.linear_kinds(torch.float32, torch.device("cpu")) == ("plain",)
     costs = table((1.0, 1.2, 1.2), (1.1, 1.3, 1.3))
-    got = auto_dtype.probe(model, fake_timer(costs, packed=packed), shapes=((1, 1), (4, 2)), repeats=1)
+    got = auto_dtype.probe(model, fake_timer(costs, linear={kind: factor}), shapes=((1, 1), (4, 2)), repeats=1)
     assert got["linear_for"] == {"float32": "plain", "bfloat16": want}
-    assert (got["dtype"], got["linear"]) == (("bfloat16", "packed") if want == "packed" else ("float32", "plain"))
+    assert (got["dtype"], got["linear"]) == (("float32", "plain") if want == "plain" else ("bfloat16", want))
 
 
 def test_probe_picks_a_kernel_per_phase(tiny_llama):
@@ -143,6 +146,8 @@ def avx2_only(monkeypatch):
     monkeypatch.setattr(cpu, "capability", lambda: "AVX2")
     monkeypatch.setattr(cpu, "native_bf16", lambda: False)
     monkeypatch.setattr(cpu, "packs_bf16_linears", lambda: False)
+    monkeypatch.setattr(cpu, "amx", lambda: False)
+    monkeypatch.setattr(cpu, "amx_bf16_linears", lambda: False)
 
 
 def local_model(load_models, folder):
@@ -172,9 +177,10 @@ def test_a_cpu_without_native_bf16_is_probed_for_what_it_runs(avx2_only, load_mo
     assert forced.embed.weight.dtype == torch.bfloat16 and forced.linear == "plain"
     tokens = torch.tensor([[1, 2, 3, 4]])
     plain = forced.logits(forced(tokens, forced.new_cache(1, 8)))
-    forced.linear = "packed"
-    assert torch.equal(forced.logits(forced(tokens, forced.new_cache(1, 8))), plain)
-    assert not any("_packed" in m.__dict__ for m in forced.modules() if isinstance(m, Linear))
+    for kind in ("packed", "amx"):
+        forced.linear = kind
+        assert torch.equal(forced.logits(forced(tokens, forced.new_cache(1, 8))), plain)
+        assert not any("_packed" in m.__dict__ for m in forced.modules() if isinstance(m, Linear))
 
     out = tmp_path / "out.jsonl"
     main(["generate", "--model", folder, "--prompt", "Hi", "--max-new-tokens", "6", "--dtype", "bfloat16",
@@ -191,6 +197,7 @@ def test_a_kernel_that_raises_in_the_probe_is_dropped_with_a_note(tiny_llama, mo
         raise RuntimeError(AVX2_MESSAGE + "\n(a second line of the message)")
 
     monkeypatch.setattr(cpu, "packs_bf16_linears", lambda: True)
+    monkeypatch.setattr(cpu, "amx_bf16_linears", lambda: False)  # the packed kind is the one on trial
     monkeypatch.setattr(decoder, "reorder_linear_weight", refuse, raising=False)
     model, _ = tiny_llama
     got = auto_dtype.probe(model, shapes=((1, 1), (2, 2)), repeats=1)

@@ -22,6 +22,7 @@ from bebop.analysis.exactness import two_sample
 from bebop.eagle3 import new_eagle3
 from bebop.engine import generate
 from bebop.errors import BebopError
+from bebop.models import cpu
 from bebop.models.registry import chat_ids
 from bebop.mtp import default_mtp, new_mtp
 from bebop.sampling import SamplingParams, probabilities
@@ -142,6 +143,29 @@ def test_spec_with_an_eagle3_draft_matches_exact_distribution(sharp, mode):
     gen = generate(model, [prompt] * ROWS, 3, SHARP, mode=mode, mtp=draft, draft_len=2, seed=14, eos_ids=[])
     assert 0.05 < gen.stats.acceptance_rate < 0.95  # both acceptance and rejection happen
     assert_exact_and_like_ar(model, gen, exact, ar, f"eagle3 {mode}")
+
+
+@pytest.mark.parametrize("kind", ["packed", "amx"])
+def test_spec_on_fast_bf16_linears_matches_ar(sharp, kind):
+    """bf16 weights multiplied by a fast kernel (what --dtype auto picks on machines with native bf16: oneDNN's
+    packed layout, or vLLM's AMX GEMM): speculative sampling is plain sampling on the same kernels, tokens and
+    pairs."""
+    from bebop.models.decoder import amx_weights, packs_weights
+
+    if not {"packed": packs_weights, "amx": amx_weights}[kind](torch.bfloat16, torch.device("cpu")):
+        pytest.skip(f"this CPU ({cpu.describe()}) cannot run {kind} bf16 linears")
+    model = copy.deepcopy(sharp[0]).to(torch.bfloat16)
+    model.linear = kind
+    mtp, prompt = agreeable_mtp(model), sharp[2]
+    ar = generate(model, [prompt] * ROWS, 3, SHARP, mode="ar", seed=21, eos_ids=[])
+    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode="spec", mtp=mtp, draft_len=2, seed=22, eos_ids=[])
+    assert 0.2 < gen.stats.acceptance_rate < 0.9  # both acceptance and rejection happen
+    assert any("_packed" in m.__dict__ for m in model.layers[0].modules())  # the fast kernel is what ran
+    toks, ref = token_matrix(gen), token_matrix(ar)
+    for j in range(3):
+        assert two_sample(toks[:, j], ref[:, j]) > P_OK, f"{kind} token {j} vs ar"
+    pairs = lambda t: t[:, 1] * model.cfg.vocab_size + t[:, 2]  # noqa: E731
+    assert two_sample(pairs(toks), pairs(ref)) > P_OK, f"{kind} tokens (1, 2) vs ar"
 
 
 @pytest.mark.parametrize("mode", ["spec", "spec-greedy"])

@@ -211,16 +211,21 @@ def test_broken_model_directory_is_one_clear_error(tmp_path, load_models, broken
         registry.load_model(str(tmp_path))
 
 
-@pytest.mark.skipif(not cpu.packs_bf16_linears(), reason=f"this CPU ({cpu.describe()}) has no packed bf16 linears")
-def test_packed_linear_computes_what_f_linear_does(load_models):
-    """bf16 weights pre-packed for oneDNN (Decoder.linear = "packed"): the same logits as plain F.linear on
-    decode steps and a prefill, repacked after an in-place weight update and after .to(), and never used where
-    gradients are wanted (training takes the autograd path). test_dtype.py pretends a CPU without them."""
-    from bebop.models.decoder import Linear, packs_weights
+@pytest.mark.parametrize("kind", ["packed", "amx"])
+def test_a_fast_linear_computes_what_f_linear_does(load_models, kind):
+    """bf16 weights kept in a faster kernel's layout (Decoder.linear = "packed": oneDNN's; "amx": vLLM's AMX
+    GEMM): the same logits as plain F.linear on decode steps and a prefill, rebuilt after an in-place weight
+    update and after .to(), and never used where gradients are wanted (training takes the autograd path).
+    test_dtype.py pretends a CPU without them."""
+    from bebop.models.decoder import Linear, amx_weights, packs_weights
 
+    runs_here = {"packed": packs_weights, "amx": amx_weights}[kind]
+    if not runs_here(torch.bfloat16, torch.device("cpu")):
+        pytest.skip(f"this CPU ({cpu.describe()}) cannot run {kind} bf16 linears (vLLM installed: "
+                    f"{cpu.vllm_cpu_ops()})")
     _, model, _ = load_models("tiny-llama")
     model = copy.deepcopy(model).to(torch.bfloat16)
-    assert packs_weights(torch.bfloat16, torch.device("cpu")) and not packs_weights(torch.float32, torch.device("cpu"))
+    assert not runs_here(torch.float32, torch.device("cpu"))
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.cfg.vocab_size, (3, 11), generator=g)
     steps = [torch.randint(0, model.cfg.vocab_size, (3, t), generator=g) for t in (1, 4, 1)]
@@ -238,10 +243,10 @@ def test_packed_linear_computes_what_f_linear_does(load_models):
 
     model.linear = "plain"
     plain = run()
-    model.linear = "packed"
-    assert model.linear == "packed" and all(m.pack for m in model.modules() if isinstance(m, Linear))
+    model.linear = kind
+    assert model.linear == kind and all(m.kind == kind for m in model.modules() if isinstance(m, Linear))
     same(run(), plain)
-    assert "_packed" in model.layers[0].w13.__dict__  # the packed copy is what ran
+    assert "_packed" in model.layers[0].w13.__dict__  # the fast copy is what ran
     with torch.no_grad():
         model.layers[0].w13.weight.mul_(2)  # an optimiser step or weight sync: in place
     packed_after = run()
@@ -249,7 +254,7 @@ def test_packed_linear_computes_what_f_linear_does(load_models):
     plain_after = run()
     same(packed_after, plain_after)
     assert (plain_after[0] - plain[0]).abs().max() > 0.1  # the update changed the model: a stale copy would show
-    model.linear = "packed"
+    model.linear = kind
     model.float()  # fp32 has nothing to pack: plain products, no stale bf16 copy
     assert "_packed" not in model.layers[0].w13.__dict__
     torch.testing.assert_close(run()[0], plain_after[0], rtol=0.05, atol=0.05)

@@ -145,7 +145,7 @@ def test_rollout_worker_runs_the_kernels_probed_for_its_dtype(tmp_path, monkeypa
     mtp = new_mtp(policy, seed=1)
     worker = LocalWorker(model_spec(policy, mtp, "bfloat16"), "bfloat16", "spec", 2, 1.0)
     assert worker.model.attention == ("folded", "matmul") and worker.model.linear == "packed"
-    assert all(m.pack for m in worker.mtp.modules() if isinstance(m, Linear))  # the MTP multiplies alike
+    assert all(m.kind == "packed" for m in worker.mtp.modules() if isinstance(m, Linear))  # the MTP multiplies alike
     assert policy.attention == ("sdpa", "sdpa") and policy.linear == "plain"  # the fp32 policy is untouched
 
 

