@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from bebop.errors import BebopError
 from bebop.models import cpu, registry
@@ -262,6 +263,30 @@ def test_a_fast_linear_computes_what_f_linear_does(load_models, kind):
     with torch.enable_grad():
         x = torch.randn(2, model.cfg.dim, dtype=torch.bfloat16, requires_grad=True)
         model.layers[0].wo(x).sum().backward()  # the packed path has no backward: this must be F.linear
+    assert x.grad is not None
+
+
+def test_rms_norm_with_vllms_kernel_equals_torchs():
+    """Where vLLM's CPU kernels are loaded, a bf16 RMSNorm outside autograd runs vLLM's kernel: the same
+    values as F.rms_norm (both accumulate in fp32), also on a non-contiguous input (q/k heads); with gradients
+    it is F.rms_norm."""
+    from bebop.models.decoder import RMSNorm
+
+    if not (torch.cpu._is_avx512_bf16_supported() and cpu.vllm_cpu_ops()):
+        pytest.skip(f"vLLM's CPU kernels are not loaded on this CPU ({cpu.describe()})")
+    norm = RMSNorm(64, 1e-5).to(torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(3, 5, 2, 64, dtype=torch.bfloat16).transpose(1, 2)  # [3, 2, 5, 64], not contiguous
+    with torch.no_grad():
+        got = norm(x)
+    want = F.rms_norm(x.float(), (64,), norm.weight.float(), 1e-5)
+    assert got.shape == x.shape and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(got, F.rms_norm(x, (64,), norm.weight, 1e-5), rtol=8e-3, atol=8e-3)
+    assert (got.float() - want).abs().max() < 0.05 and not torch.equal(got, torch.zeros_like(got))
+    x.requires_grad_(True)
+    norm(x).sum().backward()
     assert x.grad is not None
 
 

@@ -92,13 +92,24 @@ class KVCache:
 
 
 class RMSNorm(nn.Module):
+    """F.rms_norm; outside autograd, bf16 on a CPU where vLLM's kernels are loaded (bebop.models.cpu), vLLM's
+    one-pass kernel instead: the same fp32 arithmetic, 7-9% off a whole bf16 generation at batch 1-16 on this
+    Xeon (61 norms a token, each several small torch ops otherwise)."""
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        w = self.weight
+        if x.dtype != torch.bfloat16 or w.dtype != x.dtype or x.device.type != "cpu" or torch.is_grad_enabled() \
+                or not cpu.vllm_cpu_ops():
+            return F.rms_norm(x, w.shape, w, self.eps)
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        torch.ops._C.rms_norm(out, x, w, self.eps)
+        return out
 
 
 def rope_tables(cfg: DecoderConfig, max_len: int):
