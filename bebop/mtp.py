@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from bebop.errors import BebopError
-from bebop.models.decoder import Block, Decoder, KVCache, Linear, RMSNorm, set_linear, step_positions
+from bebop.models.decoder import PAGED, Block, Decoder, KVCache, Linear, RMSNorm, set_linear, step_positions
 
 
 @dataclass
@@ -99,7 +99,8 @@ class MTP(nn.Module):
     # ----- inference: recursive drafting with a KV cache -----
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         c = self.target.cfg
-        return KVCache(len(self.blocks), batch, c.n_kv_heads, max_len, c.head_dim, self.enorm.weight.dtype)
+        return KVCache(len(self.blocks), batch, c.n_kv_heads, max_len, c.head_dim, self.enorm.weight.dtype,
+                       paged=self.target.attention[0] == PAGED)
 
     def features(self, target_out: torch.Tensor) -> torch.Tensor:
         """The depth-1 input [.., d] from what the target gives the MTP (target_forward): its last hidden state
@@ -116,7 +117,7 @@ class MTP(nn.Module):
         """One MTP step over T new positions per row: tokens [B, T] are the tokens one ahead of the positions
         whose previous hidden states are `hidden` [B, T, d] (`features` of the target's, or the MTP's own output).
         Returns MTP hidden states [B, T, d]; like the target, the cache's lengths are left for the caller."""
-        positions, mask = step_positions(cache, tokens.shape[1])
+        positions, mask = step_positions(cache, tokens.shape[1], self.target.cfg.n_heads)
         cos, sin = self.target.rope(positions)
         rows = torch.arange(tokens.shape[0], device=tokens.device).unsqueeze(1)
         x, residual = self.fuse(tokens, hidden)

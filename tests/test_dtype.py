@@ -2,6 +2,7 @@
 its key, and one real probe end to end through registry.load_model on a tiny model saved as a local directory."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -77,6 +78,25 @@ def test_probe_picks_a_linear_kind_where_it_is_faster(tiny_llama, kind, factor, 
     got = auto_dtype.probe(model, fake_timer(costs, linear={kind: factor}), shapes=((1, 1), (4, 2)), repeats=1)
     assert got["linear_for"] == {"float32": "plain", "bfloat16": want}
     assert (got["dtype"], got["linear"]) == (("float32", "plain") if want == "plain" else ("bfloat16", want))
+
+
+@pytest.mark.parametrize("factor,want", [(0.8, ["paged", "paged"]), (0.97, ["folded", "sdpa"])])
+def test_probe_picks_paged_attention_for_every_phase_where_it_is_faster(tiny_llama, factor, want, monkeypatch):
+    """Paged attention (vLLM's kernel over its own cache layout) serves both phases at once: it replaces the best
+    per-phase pair where it is 5% faster over all shapes, not otherwise; only bf16 is offered it. The timer is
+    fake and the kernel pretended, so the rule is tested on every CPU."""
+    monkeypatch.setattr(auto_dtype, "paged_runs", lambda dtype, device, head_dim: dtype == torch.bfloat16)
+    model, _ = tiny_llama
+    assert auto_dtype.attention_kinds(torch.bfloat16, model) == (*auto_dtype.ATTENTION_KINDS, "paged")
+    assert auto_dtype.attention_kinds(torch.float32, model) == auto_dtype.ATTENTION_KINDS
+    one = table((1.0, 1.2, 1.2), (0.5, 0.4, 0.6))  # one new token: folded fastest in bf16
+    several = table((1.0, 1.2, 1.2), (0.5, 0.6, 0.6))  # several: SDPA
+    pair = math.exp((math.log(0.4 * 1) + math.log(0.5 * 4 * 2)) / 2)  # the pair's geomean over the two shapes
+    scale = factor * pair / math.sqrt(1 * 1 * 4 * 2)  # paged costs scale x (batch x new tokens) on both shapes
+    one[("bfloat16", "paged")] = several[("bfloat16", "paged")] = scale
+    got = auto_dtype.probe(model, fake_timer(one, several=several), shapes=((1, 1), (4, 2)), repeats=1)
+    assert got["attention_for"]["bfloat16"] == want and got["attention_for"]["float32"] == ["sdpa", "sdpa"]
+    assert ("bfloat16/paged/plain" in got["ms"]) and not any("float32/paged" in k for k in got["ms"])
 
 
 def test_probe_picks_a_kernel_per_phase(tiny_llama):

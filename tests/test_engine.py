@@ -168,6 +168,35 @@ def test_spec_on_fast_bf16_linears_matches_ar(sharp, kind):
     assert two_sample(pairs(toks), pairs(ref)) > P_OK, f"{kind} tokens (1, 2) vs ar"
 
 
+def test_spec_on_paged_attention_matches_ar(vllm_model_dir):
+    """vLLM's CPU attention over a paged cache (what --dtype auto picks where it is loaded and faster): on a
+    sharpened bf16 model with a head size it supports, speculative sampling equals plain sampling on it, and
+    plain sampling on it equals plain sampling with SDPA over the usual cache (tokens and pairs)."""
+    from bebop.models.decoder import paged_runs
+    from bebop.models.registry import load_model
+
+    base, tok = load_model(vllm_model_dir, dtype="bfloat16")
+    if not paged_runs(torch.bfloat16, torch.device("cpu"), base.cfg.head_dim):
+        pytest.skip(f"vLLM's CPU attention does not run on this CPU ({cpu.describe()})")
+    model = sharpened(base, 8.0)
+    model.linear = "plain"
+    prompt = tok("Hi!", add_special_tokens=False)["input_ids"]
+    model.attention = ("sdpa", "sdpa")
+    sdpa = token_matrix(generate(model, [prompt] * ROWS, 3, SHARP, mode="ar", seed=31, eos_ids=[]))
+    model.attention = ("paged", "paged")
+    mtp = agreeable_mtp(model)
+    ar = token_matrix(generate(model, [prompt] * ROWS, 3, SHARP, mode="ar", seed=32, eos_ids=[]))
+    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode="spec", mtp=mtp, draft_len=2, seed=33, eos_ids=[])
+    assert 0.05 < gen.stats.acceptance_rate < 0.95  # both acceptance and rejection happen
+    toks = token_matrix(gen)
+    pairs = lambda t: t[:, 1] * model.cfg.vocab_size + t[:, 2]  # noqa: E731
+    for label, a, b in (("spec vs ar, paged", toks, ar), ("ar paged vs ar sdpa", ar, sdpa)):
+        for j in range(3):
+            assert two_sample(a[:, j], b[:, j]) > P_OK, f"{label}: token {j}"
+        assert two_sample(pairs(a), pairs(b)) > P_OK, f"{label}: tokens (1, 2)"
+    assert len(set(sdpa[:, 0].tolist())) > 3  # the test has power: the first token varies
+
+
 @pytest.mark.parametrize("mode", ["spec", "spec-greedy"])
 def test_exactness_check_catches_a_wrong_residual(sharp, mode, monkeypatch):
     """An engine that resamples from p (not norm(max(p - q, 0))) after a rejection must fail the check."""

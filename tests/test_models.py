@@ -290,6 +290,49 @@ def test_rms_norm_with_vllms_kernel_equals_torchs():
     assert x.grad is not None
 
 
+def test_paged_attention_computes_what_sdpa_does(vllm_model_dir):
+    """vLLM's CPU attention over a paged cache (attention kind "paged"): logits as close to an fp32 SDPA
+    reference as bf16 SDPA's own, over a prefill, ragged rows, decode and verification steps, rows moved by
+    keep_rows and rows copied in by write_rows (continuous batching); its cache is paged, the others' not."""
+    from bebop.models.decoder import PAGE, paged_runs
+
+    bf16, _ = registry.load_model(vllm_model_dir, dtype="bfloat16")
+    if not paged_runs(torch.bfloat16, torch.device("cpu"), bf16.cfg.head_dim):
+        pytest.skip(f"vLLM's CPU attention does not run on this CPU ({cpu.describe()})")
+    bf16.linear = "plain"
+    fp32 = copy.deepcopy(bf16).float()
+    g = torch.Generator().manual_seed(0)
+    V = bf16.cfg.vocab_size
+    prompt = torch.randint(0, V, (3, 37), generator=g)
+    steps = [torch.randint(0, V, (3, t), generator=g) for t in (1, 4, 1, 12)]
+    extra = torch.randint(0, V, (1, 9), generator=g)
+
+    def run(model, attention):
+        model.attention = attention
+        cache, out = model.new_cache(3, 80), []
+        assert cache.paged == (attention[0] == "paged")
+        out.append(model.logits(model(prompt, cache)))
+        cache.lengths += 37
+        cache.lengths[1] -= 5  # rows of different lengths
+        for tokens in steps:
+            out.append(model.logits(model(tokens, cache)))
+            cache.lengths += tokens.shape[1]
+        cache.keep_rows(torch.tensor([2, 0]))  # a finished row
+        fresh = model.new_cache(1, 9)
+        model(extra, fresh)
+        fresh.lengths += 9
+        cache.write_rows(torch.tensor([1]), fresh, torch.tensor([0]))  # a new request in row 1
+        out.append(model.logits(model(steps[0][:2], cache)))
+        return out
+
+    ref = run(fp32, ("sdpa", "sdpa"))
+    paged, sdpa = run(bf16, ("paged", "paged")), run(bf16, ("sdpa", "sdpa"))
+    for p, s_, r in zip(paged, sdpa, ref):
+        err_paged, err_sdpa = (p - r).abs().max().item(), (s_ - r).abs().max().item()
+        assert err_paged <= 2 * err_sdpa + 0.02, (err_paged, err_sdpa)
+    assert PAGE % 32 == 0  # the kernel reads blocks of a multiple of 32 positions
+
+
 def test_kv_cache_keep_rows_moves_only_what_changes_place():
     from bebop.models.decoder import KVCache
 

@@ -5,8 +5,8 @@ EPYC with AVX2 only), and a kernel that exists on one raises on another: oneDNN'
 CPU without avx512bw/vl/dq or avx_ne_convert ("bf16 path needs the cpu support ..."), while plain bf16 matmuls
 run there, emulated and slowly. So the probe (bebop.models.dtype) offers a kernel only where these queries say
 it can run, its cache key carries `capability()`, and every speed figure is printed next to `describe()`.
-Tests pretend a poorer CPU by replacing `packs_bf16_linears` / `native_bf16` / `amx_bf16_linears` (callers
-look them up here at call time).
+Tests pretend a poorer CPU by replacing `packs_bf16_linears` / `native_bf16` / `amx_bf16_linears` /
+`vllm_cpu_attention` (callers look them up here at call time).
 """
 
 import functools
@@ -70,6 +70,14 @@ def vllm_cpu_ops() -> bool:
     except (OSError, RuntimeError):  # another torch's build, or a vLLM without CPU kernels
         return False
     return hasattr(torch.ops._C, "weight_packed_linear") and hasattr(torch.ops._C, "convert_weight_packed")
+
+
+@functools.cache
+def vllm_cpu_attention() -> bool:
+    """Whether vLLM's CPU attention over a paged KV cache (`cpu_attention_with_kv_cache` and its cache writer)
+    is loaded (vllm_cpu_ops)."""
+    return vllm_cpu_ops() and all(hasattr(torch.ops._C, op) for op in (
+        "cpu_attention_with_kv_cache", "cpu_attn_reshape_and_cache", "get_scheduler_metadata"))
 
 
 @functools.cache  # asked on every linear told to use it where it cannot run

@@ -54,18 +54,22 @@ class DecoderConfig:
         )
 
 
-class KVCache:
-    """Static K/V buffers [n_layers, B, n_kv_heads, max_len, head_dim] and each row's committed length."""
+PAGE = 32  # positions per block of a paged cache (vLLM's CPU attention reads blocks of a multiple of 32)
 
-    def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim, dtype=torch.float32):
-        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
+
+class KVCache:
+    """Static K/V buffers and each row's committed length. Plain: [n_layers, B, n_kv_heads, max_len, head_dim].
+    Paged (`paged`, for vLLM's CPU attention kernel, attention kind "paged"): each row's positions in blocks of
+    PAGE, [n_layers, B, blocks, n_kv_heads, PAGE, head_dim], written and read only by that kernel (its layout
+    inside a block is its own). Rows are whole either way, so moving and copying rows is the same code."""
+
+    def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim, dtype=torch.float32, paged=False):
+        self.max_len, self.paged = max_len, paged
+        shape = (n_layers, batch, -(-max_len // PAGE), n_kv_heads, PAGE, head_dim) if paged else \
+            (n_layers, batch, n_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype)
         self.v = torch.zeros(shape, dtype=dtype)
         self.lengths = torch.zeros(batch, dtype=torch.long)
-
-    @property
-    def max_len(self) -> int:
-        return self.k.shape[3]
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Keep rows `rows` [n], in that order, as rows 0..n-1, so later forwards do no work for the others.
@@ -82,12 +86,17 @@ class KVCache:
         self.lengths = self.lengths[rows]
 
     def write_rows(self, rows: torch.Tensor, src: "KVCache", src_rows: torch.Tensor) -> None:
-        """Copy rows `src_rows` of another cache (a freshly prefilled prompt) into `rows` of this one, lengths
-        included: continuous batching puts a new request into a finished row, and one prefilled prompt can
-        fill several rows (N samples of one prompt pay for one prefill)."""
-        S = src.max_len
-        self.k[:, rows, :, :S] = src.k[:, src_rows]
-        self.v[:, rows, :, :S] = src.v[:, src_rows]
+        """Copy rows `src_rows` of another cache of the same kind (a freshly prefilled prompt) into `rows` of
+        this one, lengths included: continuous batching puts a new request into a finished row, and one
+        prefilled prompt can fill several rows (N samples of one prompt pay for one prefill)."""
+        assert src.paged == self.paged
+        S = src.k.shape[2] if self.paged else src.max_len  # blocks, or positions
+        if self.paged:
+            self.k[:, rows, :S] = src.k[:, src_rows]
+            self.v[:, rows, :S] = src.v[:, src_rows]
+        else:
+            self.k[:, rows, :, :S] = src.k[:, src_rows]
+            self.v[:, rows, :, :S] = src.v[:, src_rows]
         self.lengths[rows] = src.lengths[src_rows]
 
 
@@ -251,11 +260,13 @@ class Block(nn.Module):
     def forward(self, x, cos, sin, k_cache, v_cache, positions, rows, bias, attention=("sdpa", "sdpa"), residual=None):
         """x [B, T, dim] at `positions` [B, T] of cache rows `rows` (arange(B)[:, None], built once for all
         layers); writes this step's k/v into the row's cache slots first, then attends over the cache prefix
-        allowed by the additive `bias` [B, 1, T, S] (0 or -inf).
+        allowed by the additive `bias` [B, 1, T, S] (0 or -inf), or, for a paged cache, a PagedStep.
         `attention`: the kernels (ATTENTION_KINDS) for one new token and for 2..DECODE_MAX_T new tokens.
         `residual` [B, T, dim]: what the attention's output is added to, where it is not x (EAGLE-3's layer
         attends from [embedding ; hidden] and adds to the hidden state)."""
         q, k, v = self.qkv(x, cos, sin)
+        if isinstance(bias, PagedStep):  # a paged cache: vLLM's kernel writes and attends, in every phase
+            return self.finish(x if residual is None else residual, bias.attend(q, k, v, k_cache, v_cache))
         k_cache[rows, :, positions] = k.transpose(1, 2)  # index_put: measured no slower than scatter/index_copy
         v_cache[rows, :, positions] = v.transpose(1, 2)
         S = bias.shape[-1]
@@ -307,15 +318,71 @@ def matmul_attention(q, k, v, bias):
 
 
 ATTENTION = {"sdpa": sdpa_attention, "folded": folded_attention, "matmul": matmul_attention}
-ATTENTION_KINDS = tuple(ATTENTION)
+ATTENTION_KINDS = tuple(ATTENTION)  # per phase (one new token, several); "paged" below is for every phase at once
+PAGED = "paged"
+PAGED_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # what vLLM's CPU attention supports
 
 
-def step_positions(cache: KVCache, T: int):
+def paged_runs(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
+    """Whether vLLM's CPU attention over a paged cache can run here: bf16 on a CPU where vLLM's kernels are
+    loaded (bebop.models.cpu.vllm_cpu_attention), for a head size it supports."""
+    return device.type == "cpu" and dtype == torch.bfloat16 and head_dim in PAGED_HEAD_DIMS \
+        and cpu.vllm_cpu_attention()
+
+
+@dataclass
+class PagedStep:
+    """What vLLM's CPU attention needs for one forward of T new tokens per row over a paged cache, built once
+    for all layers (step_positions): row b's positions p live in block b * blocks + p // PAGE."""
+    slots: torch.Tensor  # [B * T] int64: b * blocks * PAGE + position, where each new token's k/v is written
+    seq_lens: torch.Tensor  # [B] int32: positions a row attends over after this step's (length + T)
+    query_start: torch.Tensor  # [B + 1] int32: row b's queries are rows T*b .. T*b + T - 1 of the flat query
+    block_table: torch.Tensor  # [B, blocks] int32
+    schedule: torch.Tensor  # the kernel's work split (get_scheduler_metadata)
+    isa: str  # "amx" with AMX tiles, else "vec"
+
+    @classmethod
+    def build(cls, cache: KVCache, positions: torch.Tensor, n_heads: int):
+        if not cpu.vllm_cpu_attention():  # (loads the kernel library on first use)
+            raise RuntimeError("a paged KV cache needs vLLM's CPU attention kernels, which are not loaded here")
+        B, T = positions.shape
+        _, _, blocks, n_kv, _, head_dim = cache.k.shape
+        rows = torch.arange(B, dtype=torch.long, device=positions.device)
+        slots = (rows[:, None] * (blocks * PAGE) + positions).reshape(-1)
+        seq_lens = (positions[:, -1] + 1).to(torch.int32)
+        query_start = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=positions.device)
+        block_table = (rows[:, None] * blocks + torch.arange(blocks, device=positions.device)).to(torch.int32)
+        isa = "amx" if cpu.amx() else "vec"
+        schedule = torch.ops._C.get_scheduler_metadata(B, n_heads, n_kv, head_dim, seq_lens, cache.k.dtype,
+                                                       query_start, True, -1, isa, False, None, "auto")
+        return cls(slots, seq_lens, query_start, block_table, schedule, isa)
+
+    def attend(self, q, k, v, k_cache, v_cache):
+        """Write this step's k, v [B, Hkv, T, D] into the layer's paged cache [B, blocks, Hkv, PAGE, D], then
+        causal attention of q [B, H, T, D] over each row's prefix. Returns [B, H, T, D]."""
+        B, H, T, D = q.shape
+        n_kv = k.shape[1]
+        kc, vc = k_cache.view(-1, n_kv, PAGE, D), v_cache.view(-1, n_kv, PAGE, D)
+        torch.ops._C.cpu_attn_reshape_and_cache(k.transpose(1, 2).reshape(B * T, n_kv, D),
+                                                v.transpose(1, 2).reshape(B * T, n_kv, D), kc, vc, self.slots,
+                                                self.isa, 1.0, 1.0, "auto")
+        query = q.transpose(1, 2).reshape(B * T, H, D)
+        out = torch.empty_like(query)
+        torch.ops._C.cpu_attention_with_kv_cache(query, kc, vc, out, self.query_start, self.seq_lens, D ** -0.5,
+                                                 True, None, -1, self.block_table, 0.0, self.schedule, None, None,
+                                                 1.0, 1.0, "auto")
+        return out.view(B, T, H, D).transpose(1, 2)
+
+
+def step_positions(cache: KVCache, T: int, n_heads: int = 0):
     """Positions [B, T] of T new tokens per row, and the additive causal bias [B, 1, T, S] over the cache
     (0 where a row may attend, -inf elsewhere), built once per forward in the cache's dtype (every layer and
-    every attention kernel takes it as is)."""
+    every attention kernel takes it as is); for a paged cache, a PagedStep (for `n_heads` query heads)
+    instead of the bias."""
     device = cache.lengths.device
     positions = cache.lengths.unsqueeze(1) + torch.arange(T, device=device)
+    if cache.paged:
+        return positions, PagedStep.build(cache, positions, n_heads)
     S = int(positions.max()) + 1
     allowed = torch.arange(S, device=device).view(1, 1, 1, S) <= positions.view(-1, 1, T, 1)
     bias = torch.zeros(allowed.shape, dtype=cache.k.dtype, device=device).masked_fill_(~allowed, float("-inf"))
@@ -360,7 +427,8 @@ class Decoder(nn.Module):
         if max_len > self.rope_cos.shape[0]:
             raise ValueError(f"sequence length {max_len} exceeds the model's maximum {self.rope_cos.shape[0]}")
         c = self.cfg
-        return KVCache(c.n_layers, batch, c.n_kv_heads, max_len, c.head_dim, self.embed.weight.dtype)
+        return KVCache(c.n_layers, batch, c.n_kv_heads, max_len, c.head_dim, self.embed.weight.dtype,
+                       paged=self.attention[0] == PAGED)
 
     def rope(self, positions):
         return self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
@@ -372,7 +440,7 @@ class Decoder(nn.Module):
         -1 for the embeddings), also those layers' outputs concatenated [B, T, len(capture) * dim] (an EAGLE-3
         draft's input). The
         cache lengths are NOT advanced: the caller commits as many positions per row as it keeps."""
-        positions, bias = step_positions(cache, tokens.shape[1])
+        positions, bias = step_positions(cache, tokens.shape[1], self.cfg.n_heads)
         cos, sin = self.rope(positions)
         rows = torch.arange(tokens.shape[0], device=tokens.device).unsqueeze(1)
         x = self.embed(tokens)

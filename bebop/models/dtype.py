@@ -23,11 +23,11 @@ from tqdm import tqdm
 from bebop.checkpoint import write_text_atomic
 from bebop.errors import BebopError
 from bebop.models import cpu
-from bebop.models.decoder import ATTENTION_KINDS, Decoder, amx_weights, packs_weights
+from bebop.models.decoder import ATTENTION_KINDS, PAGED, Decoder, amx_weights, packs_weights, paged_runs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CACHE_FILE = "dtype-probe-v4.json"  # v2: a kernel for one new token and one for several; v3: linear kind;
-# v4: the AMX linear
+# v4: the AMX linear and paged attention (vLLM's CPU kernels)
 # (batch, new tokens per row) of the probe: plain decoding alone and batched, and a K=3 verification step.
 # Batch 16, the smallest batch RL rollouts run at: there the folded kernel took 0.6x SDPA's time for 2-4 new
 # tokens per row on this Intel Xeon, at batch 8 the two tied (so a batch-8 probe chose SDPA)
@@ -70,6 +70,13 @@ def linear_kinds(dtype: torch.dtype, device: torch.device) -> tuple[str, ...]:
     return ("plain",) + ("packed",) * packs_weights(dtype, device) + ("amx",) * amx_weights(dtype, device)
 
 
+def attention_kinds(dtype: torch.dtype, model: Decoder) -> tuple[str, ...]:
+    """The attention kinds to time in `dtype`: every per-phase kernel, and "paged" (vLLM's CPU attention over
+    a paged cache, for every phase at once) where it runs (decoder.paged_runs)."""
+    runs = paged_runs(dtype, model.embed.weight.device, model.cfg.head_dim)
+    return ATTENTION_KINDS + (PAGED,) * runs
+
+
 def note(text: str) -> None:
     """One line on stderr, above the probe's progress bar."""
     tqdm.write(f"bebop: dtype probe: {text}", file=sys.stderr)
@@ -81,7 +88,8 @@ def probe(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPE
     time is its fastest repetition (load from other processes only adds time). A config that raises is dropped
     from the choice with a one-line note (a kernel the capability queries allowed but the CPU refused).
     Per dtype and linear kind, the kernel for one new token is the fastest on the shapes with one new token,
-    the kernel for several the fastest on the others (geometric means); per dtype, the linear kind is the one
+    the kernel for several the fastest on the others (geometric means); paged attention, which serves both
+    phases (its cache layout is its own), replaces that pair where it is 5% faster over all shapes; per dtype, the linear kind is the one
     whose kernels give the smaller geometric mean over all shapes (packed and plain compute the same products,
     so the faster simply wins); the dtype is then chosen the same way.
     Returns {"dtype", "attention": [one-token kernel, few-token kernel], "linear", "attention_for": {dtype:
@@ -92,7 +100,8 @@ def probe(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPE
     device = model.embed.weight.device
     if device.type == "cpu" and not cpu.native_bf16():
         note(f"this CPU ({cpu.describe()}) has no native bf16: bf16 is measured with plain linears (emulated)")
-    configs = [(d, a, lin) for d in DTYPES for lin in linear_kinds(DTYPES[d], device) for a in ATTENTION_KINDS]
+    configs = [(d, a, lin) for d in DTYPES for lin in linear_kinds(DTYPES[d], device)
+               for a in attention_kinds(DTYPES[d], model)]
     times = {c: [[] for _ in shapes] for c in configs}
     dropped = {}
     saved = model.attention, model.linear
@@ -127,6 +136,8 @@ def probe(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPE
 
     def kernel(d, lin, phase):  # SDPA, the fused kernel, unless another is clearly faster on this phase's shapes
         score = {a: geomean([ms[(d, a, lin)][j] for j in phase]) for a in ATTENTION_KINDS if (d, a, lin) in ms}
+        if not score:  # only paged ran
+            return PAGED
         best = min(score, key=score.get)
         return best if "sdpa" not in score or score[best] < MARGIN * score["sdpa"] else "sdpa"
 
@@ -134,6 +145,10 @@ def probe(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPE
         return geomean([ms[(d, pair[shapes[j][1] > 1], lin)][j] for j in range(len(shapes))])
 
     pairs = {(d, lin): [kernel(d, lin, phase) for phase in phases] for d, _, lin in ms}
+    for (d, lin), pair in pairs.items():  # paged attention serves every phase: it replaces the pair or not
+        if (d, PAGED, lin) in ms and PAGED not in pair \
+                and overall(d, lin, [PAGED, PAGED]) < MARGIN * overall(d, lin, pair):
+            pairs[(d, lin)] = [PAGED, PAGED]
     ran = [d for d in DTYPES if any(key[0] == d for key in pairs)]
     linear = {d: min((lin for dd, lin in pairs if dd == d), key=lambda lin: overall(d, lin, pairs[(d, lin)]))
               for d in ran}
