@@ -161,13 +161,15 @@ AVX2_MESSAGE = ("mkldnn_reorder_linear_weight: bf16 path needs the cpu support a
 
 @pytest.fixture
 def avx2_only(monkeypatch):
-    """Pretend this CPU is an AMD EPYC with AVX2 only: no native bf16, so no packed bf16 linears (what torch's
-    queries answer there). Runs the fallback on every machine, the Intel one with AMX included."""
+    """Pretend this CPU is an AMD EPYC with AVX2 only: no native bf16, so no packed bf16 linears, no AMX and no
+    vLLM kernel library (what torch's queries answer there). Runs the fallback on every machine, the Intel one with AMX included."""
     monkeypatch.setattr(cpu, "capability", lambda: "AVX2")
     monkeypatch.setattr(cpu, "native_bf16", lambda: False)
     monkeypatch.setattr(cpu, "packs_bf16_linears", lambda: False)
     monkeypatch.setattr(cpu, "amx", lambda: False)
     monkeypatch.setattr(cpu, "amx_bf16_linears", lambda: False)
+    monkeypatch.setattr(cpu, "vllm_cpu_ops", lambda: False)  # vLLM's kernel library needs avx512_bf16
+    monkeypatch.setattr(cpu, "vllm_cpu_attention", lambda: False)
 
 
 def local_model(load_models, folder):

@@ -149,6 +149,38 @@ def test_rollout_worker_runs_the_kernels_probed_for_its_dtype(tmp_path, monkeypa
     assert policy.attention == ("sdpa", "sdpa") and policy.linear == "plain"  # the fp32 policy is untouched
 
 
+def test_sync_check_on_amx_linears_passes_after_each_sync_and_catches_a_stale_copy(tmp_path, monkeypatch):
+    """A rollout worker multiplying with the AMX kernel keeps its weights in that kernel's layout: after each
+    sync (in place, as training updates them) the copy must be rebuilt, so the sync check passes at every
+    version, and a worker that did not take the new weights fails it."""
+    from bebop.models import cpu
+    from bebop.models import dtype as auto_dtype
+    from bebop.models.decoder import Linear
+    from bebop.rl.pipeline import LocalWorker, check_sync, model_spec, policy_state
+
+    if not cpu.amx_bf16_linears():
+        pytest.skip(f"this CPU ({cpu.describe()}) has no AMX bf16 linears (vLLM installed: {cpu.vllm_cpu_ops()})")
+    monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
+    policy, _ = load_model("tiny-llama")
+    key = auto_dtype.probe_key("tiny-llama", policy.embed.weight.device)
+    (tmp_path / auto_dtype.CACHE_FILE).write_text(json.dumps({key: {
+        "attention_for": {"float32": ["sdpa", "sdpa"], "bfloat16": ["sdpa", "sdpa"]},
+        "linear_for": {"float32": "plain", "bfloat16": "amx"}}}))
+    worker = LocalWorker(model_spec(policy, None, "bfloat16"), "bfloat16", "ar", 0, 1.0)
+    assert worker.model.linear == "amx"
+    probe = list(range(3, 40))
+    for version in range(3):
+        worker.load_weights(policy_state(policy), {}, version)
+        assert check_sync(worker, policy, probe, "bfloat16", float("inf"))["sync_probe_error"] < 0.15
+        assert "_packed" in worker.model.layers[0].w13.__dict__  # the AMX copy is what the check ran
+        with torch.no_grad():  # a training step: the trainer's weights move in place
+            for p in policy.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+    with pytest.raises(BebopError, match="not the trainer's"):  # the last update was never synced
+        check_sync(worker, policy, probe, "bfloat16", float("inf"))
+    assert all(m.kind == "amx" for m in worker.model.modules() if isinstance(m, Linear))
+
+
 def test_rollout_dtype_auto_is_the_probes_choice_and_kept_on_resume(tmp_path):
     """--rollout-dtype auto (the default) rolls out in the dtype --dtype auto picks: fp32 for the seeded test
     models, which are never probed. run.json records it with the machine, and a resumed run keeps it."""
