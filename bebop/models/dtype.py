@@ -23,11 +23,12 @@ from tqdm import tqdm
 from bebop.checkpoint import write_text_atomic
 from bebop.errors import BebopError
 from bebop.models import cpu
-from bebop.models.decoder import ATTENTION_KINDS, PAGED, Decoder, amx_weights, packs_weights, paged_runs
+from bebop.models.decoder import (ATTENTION_KINDS, PAGED, Decoder, Linear, amx_weights, onednn_weights, packs_weights,
+                                  paged_runs)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-CACHE_FILE = "dtype-probe-v4.json"  # v2: a kernel for one new token and one for several; v3: linear kind;
-# v4: the AMX linear and paged attention (vLLM's CPU kernels)
+CACHE_FILE = "dtype-probe-v5.json"  # v2: a kernel for one new token and one for several; v3: linear kind;
+# v4: the AMX linear and paged attention (vLLM's CPU kernels); v5: vLLM's oneDNN linear, kernels per row count
 # (batch, new tokens per row) of the probe: plain decoding alone and batched, and a K=3 verification step.
 # Batch 16, the smallest batch RL rollouts run at: there the folded kernel took 0.6x SDPA's time for 2-4 new
 # tokens per row on this Intel Xeon, at batch 8 the two tied (so a batch-8 probe chose SDPA)
@@ -37,6 +38,10 @@ REPEATS = 2
 # the more precise choice (fp32; SDPA's kernel, whose bf16 scores stay fp32) is kept unless the other is at
 # least 5% faster: a probe on a loaded machine should not flip a choice on noise
 MARGIN = 0.95
+# (batch, new tokens per row) at which the fast linear kinds are timed against each other when two or more
+# run (row_choice): 1, 4, 16, 64 and 256 rows per linear (batch x new tokens): plain decoding at batch 1,
+# verification steps of K = 3 at batch 1, 16 and 64
+ROW_SHAPES = ((1, 1), (1, 4), (16, 1), (16, 4), (64, 4))
 
 
 def probe_key(model_name: str, device: torch.device) -> str:
@@ -66,8 +71,47 @@ def time_forward(model: Decoder, batch: int, new_tokens: int) -> float:
 
 def linear_kinds(dtype: torch.dtype, device: torch.device) -> tuple[str, ...]:
     """The linear kinds this machine can run in `dtype` (decoder.LINEAR_KINDS): packed only where oneDNN packs
-    it, amx only where AMX and vLLM's CPU kernels are (bebop.models.cpu)."""
-    return ("plain",) + ("packed",) * packs_weights(dtype, device) + ("amx",) * amx_weights(dtype, device)
+    it, amx only where AMX and vLLM's CPU kernels are, onednn where vLLM's kernels are (bebop.models.cpu)."""
+    return ("plain",) + ("packed",) * packs_weights(dtype, device) + ("amx",) * amx_weights(dtype, device) \
+        + ("onednn",) * onednn_weights(dtype, device)
+
+
+def row_choice(model: Decoder, kinds, timer=time_forward, repeats: int = REPEATS) -> tuple[str, dict]:
+    """The fastest of the linear `kinds` for each row count of ROW_SHAPES, as a linear kind per row count
+    (decoder.linear_rows), e.g. "amx:1,onednn:4,amx:16,onednn"; and the milliseconds measured, {kind: [ms per
+    shape]}. Whole forwards (weights stream from memory as they do in generation; one layer timed again and
+    again keeps its weight in the cache and favours other kernels), the kinds taking turns at every shape,
+    each shape's time its fastest repetition. The kind fastest over all shapes (geometric mean) serves every row
+    count where no other kind is 5% faster."""
+    ms = {k: [math.inf] * len(ROW_SHAPES) for k in kinds}
+    saved = model.linear
+    try:
+        with tqdm(total=(repeats + 1) * len(ROW_SHAPES) * len(kinds), desc="linear probe", unit="fwd",
+                  leave=False) as bar:
+            for rep in range(repeats + 1):
+                for j, shape in enumerate(ROW_SHAPES):
+                    for i in range(len(kinds)):
+                        kind = kinds[(i + rep + j) % len(kinds)]
+                        model.linear = kind
+                        t = timer(model, *shape)
+                        bar.update(1)
+                        if rep > 0:  # repetition 0 warms up (and lays the weights out for each kind)
+                            ms[kind][j] = min(ms[kind][j], 1e3 * t)
+    finally:
+        model.linear = saved
+    overall = min(kinds, key=lambda k: sum(math.log(x) for x in ms[k]))  # the best over all row counts, and
+    # another kind where it is 5% faster (a near tie would flip from probe to probe on a shared machine)
+    best = []
+    for j in range(len(ROW_SHAPES)):
+        fastest = min(kinds, key=lambda k: ms[k][j])
+        best.append(fastest if ms[fastest][j] < MARGIN * ms[overall][j] else overall)
+    parts = []
+    for j, kind in enumerate(best):  # a kind's range ends where the next row count wants another kind
+        if j + 1 == len(best):
+            parts.append(kind)
+        elif best[j + 1] != kind:
+            parts.append(f"{kind}:{ROW_SHAPES[j][0] * ROW_SHAPES[j][1]}")
+    return ",".join(parts), {k: [round(x, 2) for x in v] for k, v in ms.items()}
 
 
 def attention_kinds(dtype: torch.dtype, model: Decoder) -> tuple[str, ...]:
@@ -91,10 +135,14 @@ def probe(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPE
     the kernel for several the fastest on the others (geometric means); paged attention, which serves both
     phases (its cache layout is its own), replaces that pair where it is 5% faster over all shapes; per dtype, the linear kind is the one
     whose kernels give the smaller geometric mean over all shapes (packed and plain compute the same products,
-    so the faster simply wins); the dtype is then chosen the same way.
+    so the faster simply wins); the dtype is then chosen the same way. Where that kind is not plain and two or
+    more fast kinds ran in that dtype, they are timed against each other at the row counts of ROW_SHAPES (with
+    that dtype's attention) and each count gets its fastest kind (row_choice): no one kernel wins at every row
+    count (on this Xeon vLLM's AMX kernel at 1 and 16 rows, its oneDNN one at 4 and from 64).
     Returns {"dtype", "attention": [one-token kernel, few-token kernel], "linear", "attention_for": {dtype:
-    that pair}, "linear_for": {dtype: kind}, "shapes", "ms": {config: [ms per shape]}, "capability",
-    "dropped": {config: why}}; a dtype none of whose configs ran is absent from attention_for and linear_for."""
+    that pair}, "linear_for": {dtype: kind}, "shapes", "ms": {config: [ms per shape]}, "linear_rows_ms":
+    {dtype: {kind: [ms per ROW_SHAPES shape]}}, "capability", "dropped": {config: why}}; a dtype none of whose
+    configs ran is absent from attention_for and linear_for."""
     models = {"float32": model if model.embed.weight.dtype == torch.float32 else copy.deepcopy(model).float()}
     models["bfloat16"] = copy.deepcopy(models["float32"]).to(torch.bfloat16)
     device = model.embed.weight.device
@@ -158,10 +206,19 @@ def probe(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPE
     else:
         (pick,) = score
     attention_for = {d: pairs[(d, linear[d])] for d in ran}
+    rows_ms = {}
+    for d in ran:
+        fast = [lin for lin in dict.fromkeys(lin for dd, lin in pairs if dd == d) if lin != "plain"]
+        if linear[d] != "plain" and len(fast) > 1:
+            models[d].attention = tuple(attention_for[d])
+            try:
+                linear[d], rows_ms[d] = row_choice(models[d], fast, timer, repeats + 1)
+            finally:
+                models[d].attention = saved[0]
     return {"dtype": pick, "attention": attention_for[pick], "linear": linear[pick], "attention_for": attention_for,
             "linear_for": linear, "shapes": [list(s) for s in shapes],
-            "ms": {f"{d}/{a}/{lin}": v for (d, a, lin), v in ms.items()}, "capability": cpu.describe(),
-            "dropped": {"/".join(c): why for c, why in dropped.items()}}
+            "ms": {f"{d}/{a}/{lin}": v for (d, a, lin), v in ms.items()}, "linear_rows_ms": rows_ms,
+            "capability": cpu.describe(), "dropped": {"/".join(c): why for c, why in dropped.items()}}
 
 
 def read_cache(cache_dir) -> dict:
