@@ -42,6 +42,8 @@ MARGIN = 0.95
 # run (row_choice): 1, 4, 16, 64 and 256 rows per linear (batch x new tokens): plain decoding at batch 1,
 # verification steps of K = 3 at batch 1, 16 and 64
 ROW_SHAPES = ((1, 1), (1, 4), (16, 1), (16, 4), (64, 4))
+ROW_REPEATS = 5
+ROW_CANDIDATE = 0.9  # kinds within 10% of the best single kind over whole forwards compete per row count
 
 
 def probe_key(model_name: str, device: torch.device) -> str:
@@ -54,8 +56,9 @@ def probe_key(model_name: str, device: torch.device) -> str:
 
 
 def time_forward(model: Decoder, batch: int, new_tokens: int) -> float:
-    """Seconds of one forward of `new_tokens` tokens per row after PREFIX cached ones (what a decode or
-    verification step costs)."""
+    """Seconds of one forward of `new_tokens` tokens per row after PREFIX cached ones and its logits (what a
+    decode or verification step costs: the LM head is a fifth of smollm2-135m's weights, and the linear kernels
+    differ most there, 7.0 against 11.5 ms at 64 rows on this Xeon)."""
     device = model.embed.weight.device
     cache = model.new_cache(batch, PREFIX + new_tokens)
     cache.lengths[:] = PREFIX
@@ -64,7 +67,7 @@ def time_forward(model: Decoder, batch: int, new_tokens: int) -> float:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
     start = time.perf_counter()
-    model(tokens, cache)
+    model.logits(model(tokens, cache))
     sync()
     return time.perf_counter() - start
 
@@ -76,14 +79,16 @@ def linear_kinds(dtype: torch.dtype, device: torch.device) -> tuple[str, ...]:
         + ("onednn",) * onednn_weights(dtype, device)
 
 
-def row_choice(model: Decoder, kinds, timer=time_forward, repeats: int = REPEATS) -> tuple[str, dict]:
-    """The fastest of the linear `kinds` for each row count of ROW_SHAPES, as a linear kind per row count
-    (decoder.linear_rows), e.g. "amx:1,onednn:4,amx:16,onednn"; and the milliseconds measured, {kind: [ms per
-    shape]}. Whole forwards (weights stream from memory as they do in generation; one layer timed again and
-    again keeps its weight in the cache and favours other kernels), the kinds taking turns at every shape,
-    each shape's time its fastest repetition. The kind fastest over all shapes (geometric mean) serves every row
-    count where no other kind is 5% faster."""
-    ms = {k: [math.inf] * len(ROW_SHAPES) for k in kinds}
+def row_choice(model: Decoder, kinds, default: str, timer=time_forward, repeats: int = ROW_REPEATS) -> tuple[str, dict]:
+    """The linear kind for each row count of ROW_SHAPES: `default` (the whole-forward probe's best single kind),
+    or another of `kinds` where it is 5% faster there; as a linear kind per row count (decoder.linear_rows),
+    e.g. "amx:1,onednn:4,amx:16,onednn"; and the milliseconds measured, {kind: [fastest ms per shape]}. Whole
+    forwards (weights stream from memory as in generation; one layer timed again and again keeps its weight in
+    the cache and favours other kernels). At each shape the kinds run back to back, and a kind is judged by the
+    median over repetitions of its time over the default's in the same repetition: the speed of a shared
+    machine drifts by more than these kernels differ (20-50% between probes minutes apart), a pair of
+    neighbouring forwards much less."""
+    times = {k: [[] for _ in ROW_SHAPES] for k in kinds}
     saved = model.linear
     try:
         with tqdm(total=(repeats + 1) * len(ROW_SHAPES) * len(kinds), desc="linear probe", unit="fwd",
@@ -96,22 +101,21 @@ def row_choice(model: Decoder, kinds, timer=time_forward, repeats: int = REPEATS
                         t = timer(model, *shape)
                         bar.update(1)
                         if rep > 0:  # repetition 0 warms up (and lays the weights out for each kind)
-                            ms[kind][j] = min(ms[kind][j], 1e3 * t)
+                            times[kind][j].append(t)
     finally:
         model.linear = saved
-    overall = min(kinds, key=lambda k: sum(math.log(x) for x in ms[k]))  # the best over all row counts, and
-    # another kind where it is 5% faster (a near tie would flip from probe to probe on a shared machine)
     best = []
     for j in range(len(ROW_SHAPES)):
-        fastest = min(kinds, key=lambda k: ms[k][j])
-        best.append(fastest if ms[fastest][j] < MARGIN * ms[overall][j] else overall)
+        ratio = {k: statistics.median(a / b for a, b in zip(times[k][j], times[default][j])) for k in kinds}
+        fastest = min(ratio, key=ratio.get)
+        best.append(fastest if ratio[fastest] < MARGIN else default)
     parts = []
     for j, kind in enumerate(best):  # a kind's range ends where the next row count wants another kind
         if j + 1 == len(best):
             parts.append(kind)
         elif best[j + 1] != kind:
             parts.append(f"{kind}:{ROW_SHAPES[j][0] * ROW_SHAPES[j][1]}")
-    return ",".join(parts), {k: [round(x, 2) for x in v] for k, v in ms.items()}
+    return ",".join(parts), {k: [round(1e3 * min(ts), 2) for ts in v] for k, v in times.items()}
 
 
 def attention_kinds(dtype: torch.dtype, model: Decoder) -> tuple[str, ...]:
@@ -136,9 +140,9 @@ def probe(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPE
     phases (its cache layout is its own), replaces that pair where it is 5% faster over all shapes; per dtype, the linear kind is the one
     whose kernels give the smaller geometric mean over all shapes (packed and plain compute the same products,
     so the faster simply wins); the dtype is then chosen the same way. Where that kind is not plain and two or
-    more fast kinds ran in that dtype, they are timed against each other at the row counts of ROW_SHAPES (with
-    that dtype's attention) and each count gets its fastest kind (row_choice): no one kernel wins at every row
-    count (on this Xeon vLLM's AMX kernel at 1 and 16 rows, its oneDNN one at 4 and from 64).
+    more fast kinds ran in that dtype, they are timed against it at the row counts of ROW_SHAPES (with that
+    dtype's attention) and a count goes to another kind where that is 5% faster (row_choice): no one kernel
+    wins at every row count (on this Xeon vLLM's AMX kernel at 1 row, its oneDNN one at 64).
     Returns {"dtype", "attention": [one-token kernel, few-token kernel], "linear", "attention_for": {dtype:
     that pair}, "linear_for": {dtype: kind}, "shapes", "ms": {config: [ms per shape]}, "linear_rows_ms":
     {dtype: {kind: [ms per ROW_SHAPES shape]}}, "capability", "dropped": {config: why}}; a dtype none of whose
@@ -208,11 +212,13 @@ def probe(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPE
     attention_for = {d: pairs[(d, linear[d])] for d in ran}
     rows_ms = {}
     for d in ran:
-        fast = [lin for lin in dict.fromkeys(lin for dd, lin in pairs if dd == d) if lin != "plain"]
+        best = overall(d, linear[d], pairs[(d, linear[d])])  # kinds within 10% of the best take part
+        fast = [lin for lin in dict.fromkeys(lin for dd, lin in pairs if dd == d) if lin != "plain"
+                and overall(d, lin, pairs[(d, lin)]) < best / ROW_CANDIDATE]
         if linear[d] != "plain" and len(fast) > 1:
             models[d].attention = tuple(attention_for[d])
             try:
-                linear[d], rows_ms[d] = row_choice(models[d], fast, timer, repeats + 1)
+                linear[d], rows_ms[d] = row_choice(models[d], fast, linear[d], timer)
             finally:
                 models[d].attention = saved[0]
     return {"dtype": pick, "attention": attention_for[pick], "linear": linear[pick], "attention_for": attention_for,
