@@ -2,6 +2,7 @@
 them); SmolLM2 is loaded once per session because loading it costs seconds. Tests must not modify these
 models in place: build a copy (see `sharpened` in test_engine.py) when a test needs different weights."""
 
+import copy
 import os
 
 import pytest
@@ -84,3 +85,20 @@ def vllm_model_dir(tmp_path_factory):
     AutoModelForCausalLM.from_config(config).save_pretrained(d)
     tok.save_pretrained(d)
     return str(d)
+
+
+def _perturbed(model, scale=0.05, seed=0):
+    """A copy of `model` with seeded noise added to every weight: the trainer's weights after updates a
+    rollout engine has not received (the sync checks must catch it)."""
+    g = torch.Generator().manual_seed(seed)
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+    return out
+
+
+@pytest.fixture(scope="session")
+def perturbed():
+    """The `_perturbed` function, as a fixture."""
+    return _perturbed

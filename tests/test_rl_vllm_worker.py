@@ -49,15 +49,6 @@ def setup(model_dir, tmp_path_factory):
     worker.close()
 
 
-def perturbed(model, scale=0.05, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    out = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in out.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g))
-    return out
-
-
 def test_vllm_names_cover_policy_and_draft():
     assert vllm_name("layers.3.wqkv.weight") == "model.layers.3.self_attn.qkv_proj.weight"
     assert vllm_name("layers.0.w13.weight") == "model.layers.0.mlp.gate_up_proj.weight"
@@ -67,7 +58,7 @@ def test_vllm_names_cover_policy_and_draft():
     assert vllm_name("fc.weight") == "model.fc.weight"
 
 
-def test_sync_check_passes_after_a_sync_and_catches_weights_not_synced(setup):
+def test_sync_check_passes_after_a_sync_and_catches_weights_not_synced(setup, perturbed):
     policy, draft, tok, worker = setup
     probe = chat_ids(tok, PROMPTS[0]) + chat_ids(tok, PROMPTS[1])
     ok = check_sync(worker, policy, probe, "float32", DRAFT_CHECK_TOL)
