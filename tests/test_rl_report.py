@@ -84,3 +84,33 @@ def test_report_tables_and_plots_drift_and_the_entropy_fit_of_a_long_run(tmp_pat
     assert s["drift"]["steps_each"] == 10 and s["drift"]["change_ci95"][1] < 0
     assert s["acceptance_vs_entropy"]["slope"] == pytest.approx(-0.1, abs=0.01)
     assert (tmp_path / "report" / "report.png").stat().st_size > 10_000
+
+
+def test_report_compares_drafts_step_by_step_and_labels_runs_by_directory(tmp_path):
+    """Two written 30-step runs of the same seed whose drafts differ (one 0.05 more accepted at every step,
+    with noise): each run is labelled by its directory and draft, and the second is compared with the first
+    per step, the paired interval excluding 0; a run of another seed is not compared."""
+    from bebop.rl.report import write_report
+
+    def write(name, mtp, shift, seed=0):
+        run = tmp_path / name
+        run.mkdir()
+        config = {"model": "m", "task": "arithmetic", "rollout": "spec", "mtp_strategy": "frozen", "async_mode": "off",
+                  "seed": seed, "mtp": f"runs/{mtp}"}
+        (run / "config.json").write_text(json.dumps(config))
+        rows = [{"step": i + 1, "reward_mean": 0.1, "entropy_mean": 1.0, "tokens": 100, "step_s": 1.0,
+                 "acceptance_rate": 0.4 + 0.1 * (i % 5) / 5 + shift + 0.01 * (-1) ** (i // (2 + seed + (shift > 0))),
+                 "rollout_s": 0.5,
+                 "train_s": 0.5, "mtp_train_s": 0.0, "sync_s": 0.0, "policy_version_lag": 0} for i in range(30)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return str(run)
+
+    dirs = [write("spec-ce", "draft-ce", 0.0), write("spec-tv", "draft-tv", 0.05), write("other", "draft-ce", 0.0, 1)]
+    md = write_report(dirs, str(tmp_path / "report"))
+    s = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert [x["label"] for x in s] == ["spec-ce: spec (frozen), off, draft draft-ce",
+                                       "spec-tv: spec (frozen), off, draft draft-tv", "other: spec (frozen), off, draft draft-ce"]
+    assert "versus" not in s[0] and "versus" not in s[2]
+    v = s[1]["versus"]
+    assert v["steps"] == 30 and v["mean"] == pytest.approx(0.05, abs=0.002) and 0 < v["ci95"][0] < 0.05 < v["ci95"][1]
+    assert "## Drafts compared" in md and "| spec-tv: spec (frozen), off, draft draft-tv | spec-ce:" in md

@@ -11,6 +11,11 @@ acceptance over its first and last DRIFT_STEPS steps (fewer, half the run each, 
 t-intervals, and Welch's interval for the difference. Acceptance against the policy's entropy (finding 1 in its
 RL form, entropy moved by training rather than by temperature): per step, least squares with the slope's 95%
 interval. An interval that excludes 0 decides; one that straddles 0 says the run was too short or too noisy.
+
+Drafts compared (finding 4, comparative): every speculative run against the first speculative run given with
+the same seed, task and model, step by step (the same seed draws the same prompts at every step): the mean of
+the per-step differences in acceptance over the steps both ran, with its paired 95% t-interval, and what the
+run's own draft updates cost (online strategies) beside it.
 """
 
 import json
@@ -65,6 +70,15 @@ def entropy_fit(rows: list[dict]) -> dict | None:
             "intercept": fit.intercept, "r": fit.rvalue, "entropy_range": [min(x for x, _ in pts), max(x for x, _ in pts)]}
 
 
+def paired(a: list[float | None], b: list[float | None]) -> dict | None:
+    """Per-step differences a - b over the steps where both have a value: mean and paired 95% t-interval."""
+    d = [x - y for x, y in zip(a, b) if x is not None and y is not None]
+    if len(d) < 2:
+        return None
+    m, c = mean_ci(d)
+    return {"steps": len(d), "mean": m, "ci95": c}
+
+
 def read_run(path) -> dict:
     path = Path(path)
     try:
@@ -90,7 +104,9 @@ def summarize(run: dict) -> dict:
     acc = [r["acceptance_rate"] for r in rows if r["acceptance_rate"] is not None]
     label = c["rollout"] if c["rollout"] == "ar" else f"{c['rollout']} ({c['mtp_strategy']})"
     backend = c.get("rollout_backend", "bebop")  # (runs from before the vLLM backend generated with bebop's)
-    return {"dir": run["dir"], "label": f"{label}, {c['async_mode']}" + (", vllm" if backend == "vllm" else ""),
+    draft = f", draft {Path(c['mtp']).name}" if c["rollout"] != "ar" and c.get("mtp") else ""
+    return {"dir": run["dir"], "label": f"{Path(run['dir']).name}: {label}, {c['async_mode']}"
+            + (", vllm" if backend == "vllm" else "") + draft, "acceptance": [r["acceptance_rate"] for r in rows],
             "rollout": c["rollout"], "rollout_backend": backend,
             "mtp_strategy": c["mtp_strategy"], "async_mode": c["async_mode"], "seed": c["seed"],
             "model": c["model"], "task": c["task"], "steps": len(rows), "tokens": tokens,
@@ -109,7 +125,18 @@ def summarize(run: dict) -> dict:
 
 def compare(summaries: list[dict]) -> None:
     """Add, to each run, its speedup over the ar run of the same seed, model, task, async mode and rollout
-    backend; r; the Amdahl bound from the synchronous ar run's rollout share; and projections."""
+    backend; r; the Amdahl bound from the synchronous ar run's rollout share; and projections. Add to each
+    speculative run after the first of its seed, model and task its acceptance against that first run's
+    (paired by step)."""
+    firsts = {}
+    for s in summaries:
+        if s["rollout"] == "ar":
+            continue
+        ref = firsts.setdefault((s["seed"], s["model"], s["task"]), s)
+        if ref is not s:
+            s["versus"] = {"dir": ref["dir"], "label": ref["label"],
+                           **(paired(s["acceptance"], ref["acceptance"]) or {"steps": 0})}
+
     def find(s, mode):
         key = lambda b: (b["rollout"], b["async_mode"], b["seed"], b["model"], b["task"], b["rollout_backend"])
         for b in summaries:
@@ -176,6 +203,18 @@ def markdown(summaries: list[dict]) -> str:
                 f"{fmt(d.get('last'))}{ci(d.get('last_ci95'))} | {fmt(d.get('change'), '+.3f')}{ci(d.get('change_ci95'))} | "
                 f"{fmt(f.get('slope'), '+.3f')}{ci(f.get('slope_ci95'))} | {fmt(f.get('intercept'))} | {fmt(f.get('r'), '.2f')} | "
                 + (f"{f['entropy_range'][0]:.2f}-{f['entropy_range'][1]:.2f} |" if f else "- |"))
+    versus = [s for s in summaries if "versus" in s]
+    if versus:
+        lines += ["", "## Drafts compared", "",
+                  "Acceptance of each speculative run minus that of the first run of its seed, model and task, step by "
+                  "step over the steps both ran: mean and paired 95% t-interval; an interval that excludes 0 "
+                  "decides. Draft updates' cost: the run's mtp s per step.", "",
+                  "| run | against | steps | mean acceptance | difference | mtp s per step |", "|---|---|---|---|---|---|"]
+        for s in versus:
+            v = s["versus"]
+            mean = mean_ci([a for a in s["acceptance"] if a is not None])
+            lines.append(f"| {s['label']} | {v['label']} | {v['steps']} | {fmt(mean[0])}{ci(mean[1])} | "
+                         f"{fmt(v.get('mean'), '+.3f')}{ci(v.get('ci95'))} | {s['mtp_train_s'] / s['steps']:.2f} |")
     fast = [s for s in summaries if "speedup" in s]
     if fast:
         lines += ["", "## End-to-end speedup over `ar` (same seed, same async mode)", "",
