@@ -15,7 +15,8 @@ interval. An interval that excludes 0 decides; one that straddles 0 says the run
 Drafts compared (finding 4, comparative): every speculative run against the first speculative run given with
 the same seed, task and model, step by step (the same seed draws the same prompts at every step): the mean of
 the per-step differences in acceptance over the steps both ran, with its paired 95% t-interval, and what the
-run's own draft updates cost (online strategies) beside it.
+run's own draft updates cost (online strategies) beside it. The runs' policies differ (each draft changes which
+samples the seeds give) and neighbouring steps are alike, so the interval is if anything too narrow.
 """
 
 import json
@@ -207,8 +208,9 @@ def markdown(summaries: list[dict]) -> str:
     if versus:
         lines += ["", "## Drafts compared", "",
                   "Acceptance of each speculative run minus that of the first run of its seed, model and task, step by "
-                  "step over the steps both ran: mean and paired 95% t-interval; an interval that excludes 0 "
-                  "decides. Draft updates' cost: the run's mtp s per step.", "",
+                  "step over the steps both ran: mean and paired 95% t-interval (the policies differ and neighbouring "
+                  "steps are alike: if anything too narrow); an interval that excludes 0 decides. Draft updates' "
+                  "cost: the run's mtp s per step.", "",
                   "| run | against | steps | mean acceptance | difference | mtp s per step |", "|---|---|---|---|---|---|"]
         for s in versus:
             v = s["versus"]
