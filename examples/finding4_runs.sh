@@ -43,4 +43,6 @@ rl spec-online-e2e-tv --rollout spec --mtp $W/draft-kl+e2e-tv --mtp-strategy onl
 rl ar --rollout ar
 
 # 4. the report over every run that has steps
-$BEBOP report $(ls -d $R/*/ | grep -v -e report -e drafts) --out $R/report
+# (the e2e-TV run first: every other speculative run is compared with it step by step)
+$BEBOP report $(for r in spec-kl+e2e-tv spec-ce spec-kl spec-greedy-kl+e2e-tv spec-online-e2e-tv ar; do
+  [ -f $R/$r/metrics.jsonl ] && echo $R/$r; done) --out $R/report
