@@ -129,19 +129,26 @@ def test_online_mtp_with_feature_layers_trains_and_syncs(tmp_path):
     assert not torch.equal(before["eh_proj.weight"], after["eh_proj.weight"])
 
 
-def test_rollout_worker_runs_the_kernels_probed_for_its_dtype(tmp_path, monkeypatch):
-    """The rollout copy is built bare from the policy's config: it must still run the attention kernels and
-    linear kind this machine's probe chose for the rollout dtype (not the fp32 policy's, not the defaults)."""
+def tiny_llama_probed(tmp_path, monkeypatch, attention, linear, fp32_attention=("sdpa", "sdpa")):
+    """tiny-llama with a private cache whose dtype probe says: bf16 with `attention` and `linear` (fp32 plain)."""
     from bebop.models import dtype as auto_dtype
-    from bebop.models.decoder import Linear
-    from bebop.rl.pipeline import LocalWorker, model_spec
 
     monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
     policy, _ = load_model("tiny-llama")
     key = auto_dtype.probe_key("tiny-llama", policy.embed.weight.device)
     (tmp_path / auto_dtype.CACHE_FILE).write_text(json.dumps({key: {
-        "attention_for": {"float32": ["sdpa", "matmul"], "bfloat16": ["folded", "matmul"]},
-        "linear_for": {"float32": "plain", "bfloat16": "packed"}}}))
+        "attention_for": {"float32": list(fp32_attention), "bfloat16": list(attention)},
+        "linear_for": {"float32": "plain", "bfloat16": linear}}}))
+    return policy
+
+
+def test_rollout_worker_runs_the_kernels_probed_for_its_dtype(tmp_path, monkeypatch):
+    """The rollout copy is built bare from the policy's config: it must still run the attention kernels and
+    linear kind this machine's probe chose for the rollout dtype (not the fp32 policy's, not the defaults)."""
+    from bebop.models.decoder import Linear
+    from bebop.rl.pipeline import LocalWorker, model_spec
+
+    policy = tiny_llama_probed(tmp_path, monkeypatch, ["folded", "matmul"], "packed", fp32_attention=["sdpa", "matmul"])
     mtp = new_mtp(policy, seed=1)
     worker = LocalWorker(model_spec(policy, mtp, "bfloat16"), "bfloat16", "spec", 2, 1.0)
     assert worker.model.attention == ("folded", "matmul") and worker.model.linear == "packed"
@@ -154,18 +161,12 @@ def test_sync_check_on_amx_linears_passes_after_each_sync_and_catches_a_stale_co
     sync (in place, as training updates them) the copy must be rebuilt, so the sync check passes at every
     version, and a worker that did not take the new weights fails it."""
     from bebop.models import cpu
-    from bebop.models import dtype as auto_dtype
     from bebop.models.decoder import Linear
     from bebop.rl.pipeline import LocalWorker, check_sync, model_spec, policy_state
 
     if not cpu.amx_bf16_linears():
         pytest.skip(f"this CPU ({cpu.describe()}) has no AMX bf16 linears (vLLM installed: {cpu.vllm_cpu_ops()})")
-    monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
-    policy, _ = load_model("tiny-llama")
-    key = auto_dtype.probe_key("tiny-llama", policy.embed.weight.device)
-    (tmp_path / auto_dtype.CACHE_FILE).write_text(json.dumps({key: {
-        "attention_for": {"float32": ["sdpa", "sdpa"], "bfloat16": ["sdpa", "sdpa"]},
-        "linear_for": {"float32": "plain", "bfloat16": "amx"}}}))
+    policy = tiny_llama_probed(tmp_path, monkeypatch, ["sdpa", "sdpa"], "amx")
     worker = LocalWorker(model_spec(policy, None, "bfloat16"), "bfloat16", "ar", 0, 1.0)
     assert worker.model.linear == "amx"
     probe = list(range(3, 40))
