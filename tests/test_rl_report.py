@@ -114,3 +114,32 @@ def test_report_compares_drafts_step_by_step_and_labels_runs_by_directory(tmp_pa
     v = s[1]["versus"]
     assert v["steps"] == 30 and v["mean"] == pytest.approx(0.05, abs=0.002) and 0 < v["ci95"][0] < 0.05 < v["ci95"][1]
     assert "## Drafts compared" in md and "| spec-tv: spec (frozen), off, draft draft-tv | spec-ce:" in md
+
+
+def test_speedup_over_ar_only_on_the_same_cpu(tmp_path):
+    """Three written runs of one seed: ar and spec on one CPU, spec on another. Only the spec run beside ar gets a
+    speedup (ar's 2.0 s per step over its 1.0 s); the other is named as having no ar run on its CPU, and the
+    fastest run is named among the runs of one CPU, not against the faster machine's."""
+    from bebop.rl.report import write_report
+
+    def write(name, rollout, step_s, cpu):
+        run = tmp_path / name
+        run.mkdir()
+        config = {"model": "m", "task": "arithmetic", "rollout": rollout, "mtp_strategy": "frozen",
+                  "async_mode": "off", "seed": 0, "mtp": None}
+        (run / "config.json").write_text(json.dumps(config))
+        (run / "run.json").write_text(json.dumps({"cpu": cpu, "cpu_capability": "AVX512"}))
+        rows = [{"step": i + 1, "reward_mean": 0.1, "entropy_mean": 1.0, "tokens": 100, "step_s": step_s,
+                 "acceptance_rate": None if rollout == "ar" else 0.5, "rollout_s": step_s / 2, "train_s": step_s / 2,
+                 "mtp_train_s": 0.0, "sync_s": 0.0, "policy_version_lag": 0} for i in range(4)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return str(run)
+
+    dirs = [write("ar", "ar", 2.0, "Intel"), write("spec-here", "spec", 1.0, "Intel"),
+            write("spec-there", "spec", 0.5, "AMD")]
+    md = write_report(dirs, str(tmp_path / "report"))
+    s = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert s[1]["speedup"] == pytest.approx(2.0) and "speedup" not in s[2] and s[2]["cpu"] == "AMD, AVX512"
+    assert "No `ar` run of the same seed, async mode and CPU for: spec-there." in md
+    assert "- Intel, AVX512: ar, spec-here" in md and "- AMD, AVX512: spec-there" in md
+    assert "Fastest here on Intel, AVX512: **spec-here" in md and "Fastest here on AMD" not in md

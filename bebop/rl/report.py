@@ -1,5 +1,5 @@
 """`bebop report DIR...`: compare `bebop rl` runs. Markdown + JSON + one PNG of curves against step, and each
-run's end-to-end speedup over the `ar` run with the same seed and async mode.
+run's end-to-end speedup over the `ar` run with the same seed and async mode on the same CPU.
 
 Speedup arithmetic (Amdahl): with r the rollout-only ratio (ar's rollout seconds per token over the run's) and
 s the share of the ar run's step time spent in rollouts, speculative rollouts can make a step at most
@@ -91,7 +91,12 @@ def read_run(path) -> dict:
         raise BebopError(f"'{path}' is not a `bebop rl` output directory: {e}") from None
     if not rows:
         raise BebopError(f"'{path}' has no steps in metrics.jsonl")
-    return {"dir": str(path), "config": config, "rows": rows, "evals": evals}
+    try:  # the machine it ran on (runs from before run.json existed have none)
+        machine = json.loads((path / "run.json").read_text())
+    except (OSError, ValueError):
+        machine = {}
+    cpu = f"{machine['cpu']}, {machine.get('cpu_capability', '?')}" if machine.get("cpu") else None
+    return {"dir": str(path), "config": config, "rows": rows, "evals": evals, "cpu": cpu}
 
 
 def amdahl(s: float, r: float) -> float:
@@ -110,7 +115,7 @@ def summarize(run: dict) -> dict:
             + (", vllm" if backend == "vllm" else "") + draft, "acceptance": [r["acceptance_rate"] for r in rows],
             "rollout": c["rollout"], "rollout_backend": backend,
             "mtp_strategy": c["mtp_strategy"], "async_mode": c["async_mode"], "seed": c["seed"],
-            "model": c["model"], "task": c["task"], "steps": len(rows), "tokens": tokens,
+            "model": c["model"], "task": c["task"], "cpu": run.get("cpu"), "steps": len(rows), "tokens": tokens,
             "wall_s": total("step_s"), "rollout_s": total("rollout_s"), "train_s": total("train_s"),
             "mtp_train_s": total("mtp_train_s"), "sync_s": total("sync_s"), "sync_check_s": total("sync_check_s"),
             "wall_s_per_token": total("step_s") / max(tokens, 1),
@@ -125,8 +130,8 @@ def summarize(run: dict) -> dict:
 
 
 def compare(summaries: list[dict]) -> None:
-    """Add, to each run, its speedup over the ar run of the same seed, model, task, async mode and rollout
-    backend; r; the Amdahl bound from the synchronous ar run's rollout share; and projections. Add to each
+    """Add, to each run, its speedup over the ar run of the same seed, model, task, async mode, rollout
+    backend and CPU (wall times from two machines do not divide); r; the Amdahl bound from the synchronous ar run's rollout share; and projections. Add to each
     speculative run after the first of its seed, model and task its acceptance against that first run's
     (paired by step)."""
     firsts = {}
@@ -139,9 +144,10 @@ def compare(summaries: list[dict]) -> None:
                            **(paired(s["acceptance"], ref["acceptance"]) or {"steps": 0})}
 
     def find(s, mode):
-        key = lambda b: (b["rollout"], b["async_mode"], b["seed"], b["model"], b["task"], b["rollout_backend"])
+        key = lambda b: (b["rollout"], b["async_mode"], b["seed"], b["model"], b["task"], b["rollout_backend"],
+                         b["cpu"])
         for b in summaries:
-            if key(b) == ("ar", mode, s["seed"], s["model"], s["task"], s["rollout_backend"]):
+            if key(b) == ("ar", mode, s["seed"], s["model"], s["task"], s["rollout_backend"], s["cpu"]):
                 return b
         return None
 
@@ -185,10 +191,18 @@ def markdown(summaries: list[dict]) -> str:
                      f"{s['reward_first']:.3f} -> {s['reward_last']:.3f} | {heldout(s['heldout_first'])} -> "
                      f"{heldout(s['heldout_last'])} | {fmt(s['acceptance_first'])} -> {fmt(s['acceptance_last'])} "
                      f"({fmt(s['acceptance_max_drift'])}) |")
-    if len(summaries) > 1:
-        best = min(summaries, key=lambda s: s["wall_s_per_token"])
-        lines += ["", f"Fastest here: **{best['label']}** ({best['wall_s_per_token'] * 1000:.1f} ms of wall time per "
-                  f"generated token over the run; {best['dir']})."]
+    cpus = list(dict.fromkeys(s["cpu"] for s in summaries))
+    if len(cpus) > 1:
+        lines += ["", "These runs ran on more than one CPU; wall times, and speedups over `ar`, compare only within "
+                  "one:", ""] + [f"- {cpu or 'CPU not recorded'}: " + ", ".join(s["label"].split(":")[0] for s in
+                                 summaries if s["cpu"] == cpu) for cpu in cpus]
+    for cpu in cpus:
+        same = [s for s in summaries if s["cpu"] == cpu]
+        if len(same) > 1:
+            best = min(same, key=lambda s: s["wall_s_per_token"])
+            lines += ["", f"Fastest here{f' on {cpu}' if len(cpus) > 1 else ''}: **{best['label']}** "
+                      f"({best['wall_s_per_token'] * 1000:.1f} ms of wall time per generated token over the run; "
+                      f"{best['dir']})."]
     drifting = [s for s in summaries if s["drift"] or s["acceptance_vs_entropy"]]
     if drifting:
         lines += ["", "## Acceptance through the run", "",
@@ -210,16 +224,18 @@ def markdown(summaries: list[dict]) -> str:
                   "Acceptance of each speculative run minus that of the first run of its seed, model and task, step by "
                   "step over the steps both ran: mean and paired 95% t-interval (the policies differ and neighbouring "
                   "steps are alike: if anything too narrow); an interval that excludes 0 decides. Draft updates' "
-                  "cost: the run's mtp s per step.", "",
-                  "| run | against | steps | mean acceptance | difference | mtp s per step |", "|---|---|---|---|---|---|"]
+                  "cost: the run's mtp s per step, and their share of its step time.", "",
+                  "| run | against | steps | mean acceptance | difference | mtp s per step (share) |",
+                  "|---|---|---|---|---|---|"]
         for s in versus:
             v = s["versus"]
             mean = mean_ci([a for a in s["acceptance"] if a is not None])
             lines.append(f"| {s['label']} | {v['label']} | {v['steps']} | {fmt(mean[0])}{ci(mean[1])} | "
-                         f"{fmt(v.get('mean'), '+.3f')}{ci(v.get('ci95'))} | {s['mtp_train_s'] / s['steps']:.2f} |")
+                         f"{fmt(v.get('mean'), '+.3f')}{ci(v.get('ci95'))} | {s['mtp_train_s'] / s['steps']:.2f} "
+                         f"({s['mtp_train_s'] / max(s['wall_s'], 1e-9):.2f}) |")
     fast = [s for s in summaries if "speedup" in s]
     if fast:
-        lines += ["", "## End-to-end speedup over `ar` (same seed, same async mode)", "",
+        lines += ["", "## End-to-end speedup over `ar` (same seed, async mode and CPU)", "",
                   "r = ar rollout s/token over the run's; s = rollout share of the synchronous ar run's step time; "
                   "bound = 1/((1-s)+s/r).", "",
                   "| run | speedup (wall) | speedup (per token) | r | s | Amdahl bound | measured / bound |",
@@ -234,6 +250,9 @@ def markdown(summaries: list[dict]) -> str:
                   "|---|" + "---|" * len(PROJECTED_SHARES)]
         for s in fast:
             lines.append(f"| {s['label']} | " + " | ".join(f"{v:.2f}x" for v in s["projected"].values()) + " |")
+        alone = [s["label"].split(":")[0] for s in summaries if s["rollout"] != "ar" and "speedup" not in s]
+        if alone:
+            lines += ["", "No `ar` run of the same seed, async mode and CPU for: " + ", ".join(alone) + "."]
     return "\n".join(lines) + "\n"
 
 
