@@ -117,7 +117,7 @@ def test_report_compares_drafts_step_by_step_and_labels_runs_by_directory(tmp_pa
 
 
 def test_speedup_over_ar_only_on_the_same_cpu(tmp_path):
-    """Three written runs of one seed: ar and spec on one CPU, spec on another. Only the spec run beside ar gets a
+    """Three written runs of one seed: ar and spec on one CPU, spec on another. A paused step is counted as a stall. Only the spec run beside ar gets a
     speedup (ar's 2.0 s per step over its 1.0 s); the other is named as having no ar run on its CPU, and the
     fastest run is named among the runs of one CPU, not against the faster machine's."""
     from bebop.rl.report import write_report
@@ -137,6 +137,13 @@ def test_speedup_over_ar_only_on_the_same_cpu(tmp_path):
 
     dirs = [write("ar", "ar", 2.0, "Intel"), write("spec-here", "spec", 1.0, "Intel"),
             write("spec-there", "spec", 0.5, "AMD")]
+    rows = [json.loads(x) for x in (tmp_path / "ar" / "metrics.jsonl").read_text().splitlines()]
+    rows[0]["step_s"] = 600.0  # paused for a benchmark: its 598 s beyond the median are counted, not hidden
+    (tmp_path / "ar" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md = write_report(dirs, str(tmp_path / "report"))
+    assert "| ar: ar, off | 4 | 606.0 (1: 598) |" in md and "| spec-here: spec (frozen), off | 4 | 4.0 |" in md
+    rows[0]["step_s"] = 2.0  # the speedup below from unpaused runs
+    (tmp_path / "ar" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     md = write_report(dirs, str(tmp_path / "report"))
     s = json.loads((tmp_path / "report" / "report.json").read_text())
     assert s[1]["speedup"] == pytest.approx(2.0) and "speedup" not in s[2] and s[2]["cpu"] == "AMD, AVX512"

@@ -17,10 +17,15 @@ the same seed, task and model, step by step (the same seed draws the same prompt
 the per-step differences in acceptance over the steps both ran, with its paired 95% t-interval, and what the
 run's own draft updates cost (online strategies) beside it. The runs' policies differ (each draft changes which
 samples the seeds give) and neighbouring steps are alike, so the interval is if anything too narrow.
+
+Stalls: a step that took over STALL_FACTOR times the run's median step time was paused (a resumed run's
+process stopped, a benchmark given the cores) or starved; the table counts them and the seconds they add beyond
+the median, since every wall-time sum includes them.
 """
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 from scipy import stats
@@ -29,6 +34,7 @@ from bebop.errors import BebopError
 
 PROJECTED_SHARES = (0.5, 0.7, 0.9)
 DRIFT_STEPS = 10
+STALL_FACTOR = 5  # a step this many times the run's median step time was paused or stalled, not computed
 
 
 def mean_ci(x: list[float]) -> tuple[float, list[float] | None]:
@@ -108,6 +114,9 @@ def summarize(run: dict) -> dict:
     total = lambda k: sum(r.get(k) or 0 for r in rows)
     tokens = total("tokens")
     acc = [r["acceptance_rate"] for r in rows if r["acceptance_rate"] is not None]
+    step_s = [r["step_s"] for r in rows]
+    median_s = statistics.median(step_s)
+    stalls = [x - median_s for x in step_s if x > STALL_FACTOR * median_s]
     label = c["rollout"] if c["rollout"] == "ar" else f"{c['rollout']} ({c['mtp_strategy']})"
     backend = c.get("rollout_backend", "bebop")  # (runs from before the vLLM backend generated with bebop's)
     draft = f", draft {Path(c['mtp']).name}" if c["rollout"] != "ar" and c.get("mtp") else ""
@@ -117,6 +126,7 @@ def summarize(run: dict) -> dict:
             "mtp_strategy": c["mtp_strategy"], "async_mode": c["async_mode"], "seed": c["seed"],
             "model": c["model"], "task": c["task"], "cpu": run.get("cpu"), "steps": len(rows), "tokens": tokens,
             "wall_s": total("step_s"), "rollout_s": total("rollout_s"), "train_s": total("train_s"),
+            "stalled_steps": len(stalls), "stalled_s": sum(stalls),
             "mtp_train_s": total("mtp_train_s"), "sync_s": total("sync_s"), "sync_check_s": total("sync_check_s"),
             "wall_s_per_token": total("step_s") / max(tokens, 1),
             "rollout_share": total("rollout_s") / max(total("step_s"), 1e-9),
@@ -182,11 +192,12 @@ def heldout(e) -> str:
 
 
 def markdown(summaries: list[dict]) -> str:
-    lines = ["# RL runs", "", "| run | steps | wall s | rollout s | train s | mtp s | sync s (+ check) | rollout share | "
+    lines = ["# RL runs", "", "| run | steps | wall s (stalled steps: s) | rollout s | train s | mtp s | sync s (+ check) | rollout share | "
              "reward first -> last | held-out start -> end (n, 95% CI) | acceptance first -> last (max drift) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
-        lines.append(f"| {s['label']} | {s['steps']} | {s['wall_s']:.1f} | {s['rollout_s']:.1f} | {s['train_s']:.1f} | "
+        stalled = f" ({s['stalled_steps']}: {s['stalled_s']:.0f})" if s["stalled_steps"] else ""
+        lines.append(f"| {s['label']} | {s['steps']} | {s['wall_s']:.1f}{stalled} | {s['rollout_s']:.1f} | {s['train_s']:.1f} | "
                      f"{s['mtp_train_s']:.1f} | {s['sync_s']:.2f} (+{s['sync_check_s']:.2f}) | {s['rollout_share']:.2f} | "
                      f"{s['reward_first']:.3f} -> {s['reward_last']:.3f} | {heldout(s['heldout_first'])} -> "
                      f"{heldout(s['heldout_last'])} | {fmt(s['acceptance_first'])} -> {fmt(s['acceptance_last'])} "
