@@ -130,7 +130,8 @@ def test_speedup_over_ar_only_on_the_same_cpu(tmp_path):
         (run / "config.json").write_text(json.dumps(config))
         (run / "run.json").write_text(json.dumps({"cpu": cpu, "cpu_capability": "AVX512"}))
         rows = [{"step": i + 1, "reward_mean": 0.1, "entropy_mean": 1.0, "tokens": 100, "step_s": step_s,
-                 "acceptance_rate": None if rollout == "ar" else 0.5, "rollout_s": step_s / 2, "train_s": step_s / 2,
+                 "acceptance_rate": None if rollout == "ar" else 0.5 + 0.01 * i, "rollout_s": step_s / 2,
+                 "train_s": step_s / 2,
                  "mtp_train_s": 0.0, "sync_s": 0.0, "policy_version_lag": 0} for i in range(4)]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return str(run)

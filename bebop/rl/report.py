@@ -305,7 +305,7 @@ def plot(runs: list[dict], summaries: list[dict], path: Path) -> None:
                 ax.plot(*zip(*pts), marker=".", color=colour, label=s["label"])
         ax.set_title(title)
         ax.set_xlabel("entropy (nats)" if key == "fit" else "step")
-    axes.flat[0].legend(fontsize=8)
+    axes.flat[-1].legend(*axes.flat[0].get_legend_handles_labels(), loc="center", fontsize=8)  # the spare panel
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
