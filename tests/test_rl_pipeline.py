@@ -186,10 +186,15 @@ def test_the_sync_check_allows_what_bf16_rounding_costs_a_sharp_policy_and_catch
     """Issue 26's 100-step runs: as GRPO sharpens the policy, a bf16 engine's probe log-probs move away from the
     fp32 trainer's by bf16 rounding alone (0.05 -> 0.14 nats), and a fixed 0.15 tolerance stopped a healthy run
     at step 54. The tolerance follows the rounding gap measured on the trainer's own weights: a sharp policy
-    (logits x128) whose engine is off by more than 0.15 passes, and weights the sync missed still fail."""
+    (logits x128) whose engine is off by more than 0.15 passes, and weights the sync missed still fail. Within
+    the floor the rounded copy is never made (sync_rounding_gap None)."""
     from bebop.rl.pipeline import SYNC_PROBE_TOL, LocalWorker, check_sync, model_spec, policy_state
 
     policy, _ = load_model("tiny-llama")
+    worker = LocalWorker(model_spec(policy, None, "bfloat16"), "bfloat16", "ar", 0, 1.0)
+    worker.load_weights(policy_state(policy), {}, 0)
+    calm = check_sync(worker, policy, list(range(3, 40)), "bfloat16", float("inf"))
+    assert calm["sync_probe_error"] <= SYNC_PROBE_TOL["bfloat16"] and calm["sync_rounding_gap"] is None
     with torch.no_grad():
         policy.norm.weight.mul_(128.0)  # the logits scale with the final norm's weight
     worker = LocalWorker(model_spec(policy, None, "bfloat16"), "bfloat16", "ar", 0, 1.0)

@@ -247,20 +247,23 @@ def check_sync(worker, policy: Decoder, probe_ids: list[int], dtype: str, draft_
     """Step 4 of a sync: the rollout side's probe log-probs against the trainer's (and its draft check). A
     rollout engine that did not take the new weights stops the run with one line, instead of sampling from a
     policy the trainer does not have. Where the rollout dtype is not the trainer's, a copy of the trainer's
-    weights in that dtype scores the probe too: how far rounding alone moves it (sync_rounding_gap) sets the
-    tolerance with the floor (SYNC_PROBE_TOL, SYNC_GAP_FACTOR)."""
+    weights in that dtype scores the probe too, once the error passes the floor (SYNC_PROBE_TOL): how far rounding
+    alone moves it (sync_rounding_gap, None while the floor holds) raises the tolerance (SYNC_GAP_FACTOR). Within
+    the floor the copy is not made: it was a third of the check's second per RL step."""
     got = worker.probe(probe_ids)
     got = got if isinstance(got, list) else [got]  # (Ray: one answer per rollout worker, each checked)
     ids = torch.tensor([probe_ids], device=policy.embed.weight.device)
     want = token_logprobs(policy.logits(policy.forward_full(ids))[0], probe_ids)
     gap = lambda a: sum(abs(x - y) for x, y in zip(a, want)) / len(want)  # noqa: E731
-    rounding_gap = 0.0
-    if policy.embed.weight.dtype != DTYPES[dtype]:
-        rounded = copy.deepcopy(policy).to(DTYPES[dtype])
-        rounding_gap = gap(token_logprobs(rounded.logits(rounded.forward_full(ids))[0], probe_ids))
-        del rounded
-    tol = max(SYNC_PROBE_TOL[dtype], SYNC_GAP_FACTOR * rounding_gap)
     error = max(gap(g["logprobs"]) for g in got)
+    rounding_gap = None
+    if error > SYNC_PROBE_TOL[dtype]:  # past the floor: is rounding to the rollout dtype alone that far off?
+        rounding_gap = 0.0
+        if policy.embed.weight.dtype != DTYPES[dtype]:
+            rounded = copy.deepcopy(policy).to(DTYPES[dtype])
+            rounding_gap = gap(token_logprobs(rounded.logits(rounded.forward_full(ids))[0], probe_ids))
+            del rounded
+    tol = max(SYNC_PROBE_TOL[dtype], SYNC_GAP_FACTOR * (rounding_gap or 0.0))
     draft_errors = [g["draft_error"] for g in got if g["draft_error"] is not None]
     draft_error = max(draft_errors) if draft_errors else None
     if error > tol:
