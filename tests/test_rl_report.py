@@ -151,3 +151,31 @@ def test_speedup_over_ar_only_on_the_same_cpu(tmp_path):
     assert "No `ar` run of the same seed, async mode and CPU for: spec-there." in md
     assert "- Intel, AVX512: ar, spec-here" in md and "- AMD, AVX512: spec-there" in md
     assert "Fastest here on Intel, AVX512: **spec-here" in md and "Fastest here on AMD" not in md
+
+
+def test_replicates_are_runs_of_one_recipe_compared_on_run_means(tmp_path):
+    """Two recipes, each run twice (the second CE run with another seed, which still makes it a replicate):
+    each recipe's run means and their spread, and CE against e2e-TV on run means, whose interval is wide with two
+    runs each; a run of a third recipe (greedy drafting) is in no group."""
+    from bebop.rl.report import replicates, summarize, read_run
+
+    def write(name, mtp, level, seed=0, rollout="spec"):
+        run = tmp_path / name
+        run.mkdir()
+        config = {"model": "m", "task": "arithmetic", "rollout": rollout, "mtp_strategy": "frozen",
+                  "async_mode": "off", "seed": seed, "mtp": f"runs/{mtp}"}
+        (run / "config.json").write_text(json.dumps(config))
+        rows = [{"step": i + 1, "reward_mean": 0.1, "entropy_mean": 1.0, "tokens": 100, "step_s": 1.0,
+                 "acceptance_rate": level + 0.01 * (-1) ** i, "rollout_s": 0.5, "train_s": 0.5, "mtp_train_s": 0.0,
+                 "sync_s": 0.0, "policy_version_lag": 0} for i in range(10)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return str(run)
+
+    dirs = [write("tv", "draft-tv", 0.52), write("ce", "draft-ce", 0.50), write("tv-again", "draft-tv", 0.53),
+            write("ce-seed1", "draft-ce", 0.49, seed=1), write("greedy", "draft-tv", 0.45, rollout="spec-greedy")]
+    reps = replicates([summarize(read_run(d)) for d in dirs])
+    assert [len(r["runs"]) for r in reps] == [2, 2] and "versus" not in reps[0]
+    assert reps[0]["means"] == pytest.approx([0.52, 0.53]) and reps[0]["sd"] == pytest.approx(0.00707, abs=1e-4)
+    v = reps[1]["versus"]
+    assert v["difference"] == pytest.approx(-0.03) and v["ci95"][0] < -0.03 < v["ci95"][1] < 0.1
+    assert v["ci95"][1] - v["ci95"][0] > 0.05  # two runs a recipe: wide

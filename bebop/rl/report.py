@@ -18,6 +18,11 @@ the per-step differences in acceptance over the steps both ran, with its paired 
 run's own draft updates cost (online strategies) beside it. The runs' policies differ (each draft changes which
 samples the seeds give) and neighbouring steps are alike, so the interval is if anything too narrow.
 
+Replicates: runs whose configs differ at most in the seed (a rerun, another machine, another seed) are runs of
+one recipe. The spread of their mean acceptance is the run-to-run variation that the paired intervals leave
+out, and recipes with two runs or more are compared on those run means (Welch's 95% interval): with few runs
+the interval is wide, which is what the data say.
+
 Stalls: a step that took over STALL_FACTOR times the run's median step time was paused (a resumed run's
 process stopped, a benchmark given the cores) or starved; the table counts them and the seconds they add beyond
 the median, since every wall-time sum includes them.
@@ -86,6 +91,27 @@ def paired(a: list[float | None], b: list[float | None]) -> dict | None:
     return {"steps": len(d), "mean": m, "ci95": c}
 
 
+def replicates(summaries: list[dict]) -> list[dict]:
+    """The recipes (config without the seed) of the speculative runs that have two runs or more: their runs'
+    mean acceptance, and each recipe after the first against the first, on run means (Welch)."""
+    groups = {}
+    for s in summaries:
+        if s["rollout"] != "ar" and s["acceptance_mean"] is not None:
+            recipe = json.dumps({k: v for k, v in s["config"].items() if k != "seed"}, sort_keys=True)
+            groups.setdefault(recipe, []).append(s)
+    out = []
+    for runs in (g for g in groups.values() if len(g) >= 2):
+        means = [s["acceptance_mean"] for s in runs]
+        out.append({"label": runs[0]["label"], "runs": [s["dir"] for s in runs], "means": means,
+                    "mean": sum(means) / len(means), "sd": statistics.stdev(means)})
+    for r in out[1:]:
+        t = stats.ttest_ind(r["means"], out[0]["means"], equal_var=False)
+        c = t.confidence_interval(0.95)  # (nan where every run of both recipes has the same mean)
+        r["versus"] = {"label": out[0]["label"], "difference": r["mean"] - out[0]["mean"],
+                       "ci95": None if math.isnan(c.low) else [float(c.low), float(c.high)]}
+    return out
+
+
 def read_run(path) -> dict:
     path = Path(path)
     try:
@@ -124,7 +150,8 @@ def summarize(run: dict) -> dict:
             + (", vllm" if backend == "vllm" else "") + draft, "acceptance": [r["acceptance_rate"] for r in rows],
             "rollout": c["rollout"], "rollout_backend": backend,
             "mtp_strategy": c["mtp_strategy"], "async_mode": c["async_mode"], "seed": c["seed"],
-            "model": c["model"], "task": c["task"], "cpu": run.get("cpu"), "steps": len(rows), "tokens": tokens,
+            "model": c["model"], "task": c["task"], "cpu": run.get("cpu"), "config": c, "steps": len(rows),
+            "acceptance_mean": sum(acc) / len(acc) if acc else None, "tokens": tokens,
             "wall_s": total("step_s"), "rollout_s": total("rollout_s"), "train_s": total("train_s"),
             "stalled_steps": len(stalls), "stalled_s": sum(stalls),
             "mtp_train_s": total("mtp_train_s"), "sync_s": total("sync_s"), "sync_check_s": total("sync_check_s"),
@@ -244,6 +271,19 @@ def markdown(summaries: list[dict]) -> str:
             lines.append(f"| {s['label']} | {v['label']} | {v['steps']} | {fmt(mean[0])}{ci(mean[1])} | "
                          f"{fmt(v.get('mean'), '+.3f')}{ci(v.get('ci95'))} | {s['mtp_train_s'] / s['steps']:.2f} "
                          f"({s['mtp_train_s'] / max(s['wall_s'], 1e-9):.2f}) |")
+    reps = replicates(summaries)
+    if reps:
+        lines += ["", "## Replicates: runs of one recipe", "",
+                  "Runs whose configs differ at most in the seed: the spread of their mean acceptance is the run-to-run "
+                  "variation the paired intervals above leave out. Recipes compared on run means, Welch's 95% "
+                  "interval.", "",
+                  "| recipe (its first run) | runs | mean acceptance of each | mean | SD across runs | against "
+                  "the first recipe |", "|---|---|---|---|---|---|"]
+        for r in reps:
+            v = r.get("versus")
+            lines.append(f"| {r['label']} | {len(r['runs'])} | {', '.join(f'{m:.3f}' for m in r['means'])} | "
+                         f"{r['mean']:.3f} | {r['sd']:.3f} | "
+                         + (f"{v['difference']:+.3f}{ci(v['ci95'])} |" if v else "- |"))
     fast = [s for s in summaries if "speedup" in s]
     if fast:
         lines += ["", "## End-to-end speedup over `ar` (same seed, async mode and CPU)", "",
