@@ -41,13 +41,16 @@ rl spec-kl --rollout spec --mtp $W/draft-kl --mtp-strategy frozen
 rl spec-greedy-kl+e2e-tv --rollout spec-greedy --mtp $W/draft-kl+e2e-tv --mtp-strategy frozen
 rl spec-online-e2e-tv --rollout spec --mtp $W/draft-kl+e2e-tv --mtp-strategy online-e2e-tv
 rl ar --rollout ar
-# the first run again, on the machine that ran ar and online (wall times divide only within one CPU)
+# the first two runs again, on the machine that ran ar and online (wall times divide only within one CPU, and
+# a recipe run twice shows the run-to-run spread that the step-paired intervals leave out)
 rl spec-kl+e2e-tv-epyc --rollout spec --mtp $W/draft-kl+e2e-tv --mtp-strategy frozen
+rl spec-ce-epyc --rollout spec --mtp $W/draft-ce --mtp-strategy frozen
 
 # 4. the report over every run that has steps
 # (the e2e-TV run first: every other speculative run is compared with it step by step)
-$BEBOP report $(for r in spec-kl+e2e-tv spec-ce spec-kl spec-greedy-kl+e2e-tv spec-online-e2e-tv spec-kl+e2e-tv-epyc ar; do
+$BEBOP report $(for r in spec-kl+e2e-tv spec-ce spec-kl spec-greedy-kl+e2e-tv spec-online-e2e-tv spec-kl+e2e-tv-epyc \
+    spec-ce-epyc ar; do
   [ -f $R/$r/metrics.jsonl ] && echo $R/$r; done) --out $R/report
 # and the runs of one machine alone: online against the same draft frozen, step by step, and both against ar
-$BEBOP report $(for r in spec-kl+e2e-tv-epyc spec-online-e2e-tv ar; do
+$BEBOP report $(for r in spec-kl+e2e-tv-epyc spec-ce-epyc spec-online-e2e-tv ar; do
   [ -f $R/$r/metrics.jsonl ] && echo $R/$r; done) --out $R/report-one-cpu
