@@ -7,6 +7,22 @@ import pytest
 from bebop.cli import main
 from bebop.rl.report import amdahl
 
+
+def write_run(path, acceptance, step_s=1.0, cpu=None, **config):
+    """A written `bebop rl` output directory: one step per acceptance value (None in an ar run), half of each
+    step in rollouts; `config` over a frozen spec run's; run.json with `cpu` when given."""
+    path.mkdir()
+    config = {"model": "m", "task": "arithmetic", "rollout": "spec", "mtp_strategy": "frozen", "async_mode": "off",
+              "seed": 0, **config}
+    (path / "config.json").write_text(json.dumps(config))
+    if cpu is not None:
+        (path / "run.json").write_text(json.dumps({"cpu": cpu, "cpu_capability": "AVX512"}))
+    rows = [{"step": i + 1, "reward_mean": 0.1, "entropy_mean": 1.0, "tokens": 100, "step_s": step_s,
+             "acceptance_rate": a, "rollout_s": step_s / 2, "train_s": step_s / 2, "mtp_train_s": 0.0, "sync_s": 0.0,
+             "policy_version_lag": 0} for i, a in enumerate(acceptance)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
 RUN = ["rl", "--model", "tiny-llama", "--mtp", "random", "--task", "arithmetic", "--steps", "1",
        "--prompts-per-step", "2", "--num-generations", "2", "--max-completion-length", "6", "--eval-prompts", "2",
        "--autocast", "off", "--threads", "1"]
@@ -93,17 +109,8 @@ def test_report_compares_drafts_step_by_step_and_labels_runs_by_directory(tmp_pa
     from bebop.rl.report import write_report
 
     def write(name, mtp, shift, seed=0):
-        run = tmp_path / name
-        run.mkdir()
-        config = {"model": "m", "task": "arithmetic", "rollout": "spec", "mtp_strategy": "frozen", "async_mode": "off",
-                  "seed": seed, "mtp": f"runs/{mtp}"}
-        (run / "config.json").write_text(json.dumps(config))
-        rows = [{"step": i + 1, "reward_mean": 0.1, "entropy_mean": 1.0, "tokens": 100, "step_s": 1.0,
-                 "acceptance_rate": 0.4 + 0.1 * (i % 5) / 5 + shift + 0.01 * (-1) ** (i // (2 + seed + (shift > 0))),
-                 "rollout_s": 0.5,
-                 "train_s": 0.5, "mtp_train_s": 0.0, "sync_s": 0.0, "policy_version_lag": 0} for i in range(30)]
-        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        return str(run)
+        acc = [0.4 + 0.1 * (i % 5) / 5 + shift + 0.01 * (-1) ** (i // (2 + seed + (shift > 0))) for i in range(30)]
+        return write_run(tmp_path / name, acc, seed=seed, mtp=f"runs/{mtp}")
 
     dirs = [write("spec-ce", "draft-ce", 0.0), write("spec-tv", "draft-tv", 0.05), write("other", "draft-ce", 0.0, 1)]
     md = write_report(dirs, str(tmp_path / "report"))
@@ -117,24 +124,15 @@ def test_report_compares_drafts_step_by_step_and_labels_runs_by_directory(tmp_pa
 
 
 def test_speedup_over_ar_only_on_the_same_cpu(tmp_path):
-    """Three written runs of one seed: ar and spec on one CPU, spec on another. A paused step is counted as a stall. Only the spec run beside ar gets a
-    speedup (ar's 2.0 s per step over its 1.0 s); the other is named as having no ar run on its CPU, and the
-    fastest run is named among the runs of one CPU, not against the faster machine's."""
+    """Three written runs of one seed: ar and spec on one CPU, spec on another. A paused step is counted as a
+    stall. Only the spec run beside ar gets a speedup (ar's 2.0 s per step over its 1.0 s); the other is named as
+    having no ar run on its CPU, and the fastest run is named among the runs of one CPU, not against the faster
+    machine's."""
     from bebop.rl.report import write_report
 
     def write(name, rollout, step_s, cpu):
-        run = tmp_path / name
-        run.mkdir()
-        config = {"model": "m", "task": "arithmetic", "rollout": rollout, "mtp_strategy": "frozen",
-                  "async_mode": "off", "seed": 0, "mtp": None}
-        (run / "config.json").write_text(json.dumps(config))
-        (run / "run.json").write_text(json.dumps({"cpu": cpu, "cpu_capability": "AVX512"}))
-        rows = [{"step": i + 1, "reward_mean": 0.1, "entropy_mean": 1.0, "tokens": 100, "step_s": step_s,
-                 "acceptance_rate": None if rollout == "ar" else 0.5 + 0.01 * i, "rollout_s": step_s / 2,
-                 "train_s": step_s / 2,
-                 "mtp_train_s": 0.0, "sync_s": 0.0, "policy_version_lag": 0} for i in range(4)]
-        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        return str(run)
+        acc = [None if rollout == "ar" else 0.5 + 0.01 * i for i in range(4)]
+        return write_run(tmp_path / name, acc, step_s=step_s, cpu=cpu, rollout=rollout, mtp=None)
 
     dirs = [write("ar", "ar", 2.0, "Intel"), write("spec-here", "spec", 1.0, "Intel"),
             write("spec-there", "spec", 0.5, "AMD")]
@@ -160,16 +158,8 @@ def test_replicates_are_runs_of_one_recipe_compared_on_run_means(tmp_path):
     from bebop.rl.report import replicates, summarize, read_run
 
     def write(name, mtp, level, seed=0, rollout="spec"):
-        run = tmp_path / name
-        run.mkdir()
-        config = {"model": "m", "task": "arithmetic", "rollout": rollout, "mtp_strategy": "frozen",
-                  "async_mode": "off", "seed": seed, "mtp": f"runs/{mtp}"}
-        (run / "config.json").write_text(json.dumps(config))
-        rows = [{"step": i + 1, "reward_mean": 0.1, "entropy_mean": 1.0, "tokens": 100, "step_s": 1.0,
-                 "acceptance_rate": level + 0.01 * (-1) ** i, "rollout_s": 0.5, "train_s": 0.5, "mtp_train_s": 0.0,
-                 "sync_s": 0.0, "policy_version_lag": 0} for i in range(10)]
-        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        return str(run)
+        acc = [level + 0.01 * (-1) ** i for i in range(10)]
+        return write_run(tmp_path / name, acc, seed=seed, rollout=rollout, mtp=f"runs/{mtp}")
 
     dirs = [write("tv", "draft-tv", 0.52), write("ce", "draft-ce", 0.50), write("tv-again", "draft-tv", 0.53),
             write("ce-seed1", "draft-ce", 0.49, seed=1), write("greedy", "draft-tv", 0.45, rollout="spec-greedy")]

@@ -168,9 +168,9 @@ def summarize(run: dict) -> dict:
 
 def compare(summaries: list[dict]) -> None:
     """Add, to each run, its speedup over the ar run of the same seed, model, task, async mode, rollout
-    backend and CPU (wall times from two machines do not divide); r; the Amdahl bound from the synchronous ar run's rollout share; and projections. Add to each
-    speculative run after the first of its seed, model and task its acceptance against that first run's
-    (paired by step)."""
+    backend and CPU (wall times from two machines do not divide); r; the Amdahl bound from the synchronous ar
+    run's rollout share; and projections. Add to each speculative run after the first of its seed, model and
+    task its acceptance against that first run's (paired by step)."""
     firsts = {}
     for s in summaries:
         if s["rollout"] == "ar":
@@ -232,7 +232,7 @@ def markdown(summaries: list[dict]) -> str:
     cpus = list(dict.fromkeys(s["cpu"] for s in summaries))
     if len(cpus) > 1:
         lines += ["", "These runs ran on more than one CPU; wall times, and speedups over `ar`, compare only within "
-                  "one:", ""] + [f"- {cpu or 'CPU not recorded'}: " + ", ".join(s["label"].split(":")[0] for s in
+                  "one:", ""] + [f"- {cpu or 'CPU not recorded'}: " + ", ".join(Path(s["dir"]).name for s in
                                  summaries if s["cpu"] == cpu) for cpu in cpus]
     for cpu in cpus:
         same = [s for s in summaries if s["cpu"] == cpu]
@@ -301,7 +301,7 @@ def markdown(summaries: list[dict]) -> str:
                   "|---|" + "---|" * len(PROJECTED_SHARES)]
         for s in fast:
             lines.append(f"| {s['label']} | " + " | ".join(f"{v:.2f}x" for v in s["projected"].values()) + " |")
-        alone = [s["label"].split(":")[0] for s in summaries if s["rollout"] != "ar" and "speedup" not in s]
+        alone = [Path(s["dir"]).name for s in summaries if s["rollout"] != "ar" and "speedup" not in s]
         if alone:
             lines += ["", "No `ar` run of the same seed, async mode and CPU for: " + ", ".join(alone) + "."]
     return "\n".join(lines) + "\n"
