@@ -233,9 +233,10 @@ def shipped_draft(target: Decoder, arch: str = "mtp") -> MTP | None:
 
 
 def default_mtp(target: Decoder) -> MTP:
-    """The committed trained MTP for the target if there is one (bebop/checkpoints/NAME-mtp.*), else a fresh
-    seeded MTP."""
-    return shipped_draft(target) or new_mtp(target)
+    """The target's committed trained draft: its EAGLE-3 draft if one ships (bebop/checkpoints/NAME-eagle3.*, the
+    one draft that bebop's engine, vLLM and SGLang all run), else its DeepSeek-layout MTP (NAME-mtp.*), else a
+    fresh seeded MTP."""
+    return shipped_draft(target, "eagle3") or shipped_draft(target) or new_mtp(target)
 
 
 def load_mtp(path: str | Path, target: Decoder) -> MTP:

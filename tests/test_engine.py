@@ -24,7 +24,7 @@ from bebop.engine import generate
 from bebop.errors import BebopError
 from bebop.models import cpu
 from bebop.models.registry import chat_ids
-from bebop.mtp import default_mtp, new_mtp
+from bebop.mtp import default_mtp, new_mtp, shipped_draft
 from bebop.sampling import SamplingParams, probabilities
 
 P_OK, P_BAD = 1e-3, 1e-6
@@ -262,8 +262,11 @@ def test_temperature_zero_equals_ar_smollm2(smollm2):
     greedy = SamplingParams(temperature=0)
     ar = generate(model, prompts, 24, greedy, mode="ar", seed=0, eos_ids=[])
     assert tok.decode(ar.rollouts[0].tokens).lstrip().startswith("The capital of France is Paris")
-    # a fresh MTP, and the shipped one (EAGLE-3 input: the verify forward captures target layers)
-    cases = [(new_mtp(model, 0), "spec", 24), (new_mtp(model, 0), "spec-greedy", 12), (default_mtp(model), "spec", 24)]
+    # a fresh MTP, and both shipped drafts (the verify forward captures target layers for them): the default is
+    # the EAGLE-3 one, the draft vLLM and SGLang load too
+    assert default_mtp(model).arch == "eagle3"
+    cases = [(new_mtp(model, 0), "spec", 24), (new_mtp(model, 0), "spec-greedy", 12), (default_mtp(model), "spec", 24),
+             (shipped_draft(model, "mtp"), "spec", 24)]
     for mtp, mode, n in cases:  # (at temperature 0 the modes differ little: keep it short)
         gen = generate(model, prompts, n, greedy, mode=mode, mtp=mtp, draft_len=3, seed=1, eos_ids=[])
         for i, (a, b) in enumerate(zip(ar.rollouts, gen.rollouts)):

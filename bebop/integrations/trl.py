@@ -79,8 +79,8 @@ class BebopRollout:
     model: a registry name (`smollm2-135m`, `tiny-llama`, ...), a local model directory, or a transformers model
     (its weights are copied; the trainer's model is the weight source at every sync anyway).
     mode: `spec` (default), `spec-greedy` or `ar`; draft_len: drafts per step, or "auto" (chosen every step by
-    cost, bebop.autodraft); mtp: None (the shipped MTP for the
-    model if there is one, else a fresh seeded one), a checkpoint path or an MTP module.
+    cost, bebop.autodraft); mtp: None (the model's shipped draft,
+    bebop.mtp.default_mtp, else a fresh seeded MTP), a checkpoint path, an EAGLE-3 directory or an MTP module.
     dtype: None ("auto" for a name: bfloat16 where this machine runs it faster; the model's own dtype for a
     transformers model) or a dtype name as bebop.models.registry.load_model takes it.
     max_batch: at most this many rows decoding at once (continuous batching); None = all of the call's prompts.

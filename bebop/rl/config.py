@@ -19,7 +19,7 @@ DTYPES = ("bfloat16", "float32")
 @dataclass
 class RLConfig:
     model: str = "smollm2-135m"
-    mtp: str | None = None  # checkpoint path, 'random', or None = the model's shipped MTP
+    mtp: str | None = None  # checkpoint path or EAGLE-3 directory, 'random', or None = the model's shipped draft
     task: str = "arithmetic"
     difficulty: str | None = None  # the task's default level if None
     steps: int = 20
