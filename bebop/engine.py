@@ -12,8 +12,9 @@ One step, for every active row at once:
   1. draft   (K > 0) the MTP first catches up on the positions the target committed since it last ran (using
              the target's hidden states), which yields draft 1; then it recurses on its own hidden states for
              drafts 2..K. `spec` samples x_i ~ q_i; `spec-greedy` takes x_i = argmax q_i. Plain steps (K = 0)
-             only pile their positions up for the MTP (PILE_FLUSH): a row that finishes before drafting again
-             never pays for them, and a catch-up over many positions costs less per position than over one.
+             only pile their positions up for the MTP, fed to it when drafting resumes: a row that finishes
+             before drafting again never pays for them, and a catch-up over many positions costs less per
+             position than over one (its memory is bounded as the caches' are: one feature vector a position).
   2. verify  the target scores [pending token, x_1..x_K] in one forward: p_1..p_{K+1}.
   3. accept  rejection sampling (bebop.sampling) keeps a prefix of the drafts plus one corrected/bonus token.
   4. commit  each row advances its own KV-cache length by its own count; rejected entries are simply
@@ -45,7 +46,6 @@ from bebop.sampling import SamplingParams, entropy, probabilities, rejection_sam
 
 MODES = ("ar", "spec", "spec-greedy")
 DEFAULT_MAX_DRAFT_LEN = 4  # the largest K "auto" may pick
-PILE_FLUSH = 64  # positions plain steps may pile up for the MTP before it is fed all but the last in one forward
 
 
 @dataclass
@@ -147,7 +147,7 @@ def draft(mtp: MTP, tokens, feats, count, cache, K, params, greedy, u):
 
 def catch_up(mtp: MTP, tokens, feats, count, cache):
     """Feed the MTP all but the last of each row's pending positions, without drafting: the positions plain
-    steps (K = 0) piled up, when drafting resumes or the pile reaches PILE_FLUSH. Returns the new, one-long pile."""
+    steps (K = 0) piled up, when drafting resumes. Returns the new, one-long pile."""
     rows = torch.arange(tokens.shape[0])
     mtp(tokens, mtp.features(feats), cache)
     cache.lengths += count - 1
@@ -442,9 +442,10 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
                                                   costs.catch_up_seconds(n_rows * (width - 1)))
                 K = choose_draft_len(acceptance.alphas(), costs(n_rows), K, drain)
         # the pile goes to the MTP (all but each row's last position, which comes with the drafting) when this
-        # step drafts after plain steps, or when it is full; timed apart: a cost of the plain steps before
+        # step drafts after plain steps; timed apart: a cost of the plain steps before. Never while K = 0: a
+        # catch-up no draft follows (rows finishing on plain steps) is work thrown away
         fed = 0.0
-        if spec and (width > K_max + 1 if K else width >= PILE_FLUSH) and int(mcache.lengths.max()) + width <= max_len:
+        if K and width > K_max + 1:  # (it fits the MTP's cache: K would be 0 otherwise)
             t0 = time.perf_counter()
             rows.pile_tokens, rows.pile_feats, rows.pile_count = catch_up(
                 mtp, rows.pile_tokens[:, :width], rows.pile_feats[:, :width], rows.pile_count, mcache)

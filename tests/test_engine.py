@@ -564,10 +564,9 @@ def test_auto_choosing_zero_is_plain_decoding(warm, monkeypatch):
     assert [r.tokens for r in gen.rollouts] == [r.tokens for r in ar.rollouts] and gen.stats.steps == 0
 
 
-@pytest.mark.parametrize("flush", [None, 2])
 @pytest.mark.parametrize("feature_layers", [(), (0, 1), "eagle3"])
-def test_mtp_catches_up_after_steps_without_drafts(warm, monkeypatch, flush, feature_layers):
-    """After K = 0 steps (positions piled up unprojected, flushed when the pile reaches PILE_FLUSH) the first
+def test_mtp_catches_up_after_steps_without_drafts(warm, monkeypatch, feature_layers):
+    """After K = 0 steps (positions piled up unprojected, fed to the MTP when drafting resumes) the first
     draft must be the MTP's prediction on the whole committed sequence: the teacher-forced MTP (MTP.unroll)
     gives the same q. With an MTP reading several layers too, whose features are projected only when the MTP
     reads them, and with an EAGLE-3 draft (its own layer, norm and head)."""
@@ -578,10 +577,8 @@ def test_mtp_catches_up_after_steps_without_drafts(warm, monkeypatch, flush, fea
     elif feature_layers:
         mtp = new_mtp(model, seed=3, feature_layers=feature_layers)
         torch.nn.init.normal_(mtp.fc.weight, std=0.3)
-    if flush:
-        monkeypatch.setattr(engine, "PILE_FLUSH", flush)
     prompts = [chat_ids(tok, t) for t in TEXTS]
-    m = 5  # K = 0 steps before the first draft; with flush=2 the pile is fed to the MTP twice on the way
+    m = 5  # K = 0 steps before the first draft: the MTP sees nothing until then, then all m positions at once
     scheduled(monkeypatch, [0] * m + [2] * 50)
     params = SamplingParams()
     gen = generate(model, prompts, 12, params, mode="spec", mtp=mtp, draft_len="auto", max_draft_len=2, seed=2,
