@@ -140,14 +140,14 @@ def test_decode_attention_kernels_equal_sdpa(kernel, dtype, atol):
     B, H, Hkv, D, L = 5, 8, 2, 16, 40
     for T in (1, 4, DECODE_MAX_T):
         cache = KVCache(1, B, Hkv, L, D, dtype)
-        cache.k.normal_(generator=g)
-        cache.v.normal_(generator=g)
+        cache.k[0].normal_(generator=g)
+        cache.v[0].normal_(generator=g)
         cache.lengths = torch.randint(0, L - T, (B,), generator=g)
         positions, bias = step_positions(cache, T)
         S = bias.shape[-1]
         assert S == int(cache.lengths.max()) + T and bias.dtype == dtype
         q = (3 * torch.randn(B, H, T, D, generator=g)).to(dtype)  # peaked softmaxes, as trained models have
-        k, v = cache.k[0, :, :, :S], cache.v[0, :, :, :S]
+        k, v = cache.k[0][:, :, :S], cache.v[0][:, :, :S]
         ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
                                                                attn_mask=bias.double(), enable_gqa=True)
         sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
@@ -156,8 +156,8 @@ def test_decode_attention_kernels_equal_sdpa(kernel, dtype, atol):
         torch.testing.assert_close(ours.double(), ref, rtol=0, atol=atol)
         torch.testing.assert_close(ours.double(), sdpa.double(), rtol=0, atol=2 * atol)
         # entries past a row's positions are never attended: changing them changes nothing
-        cache.v[0, 0, :, int(positions[0, -1]) + 1:] = 1e4
-        torch.testing.assert_close(attend(q, k, cache.v[0, :, :, :S], bias), ours, rtol=0, atol=0)
+        cache.v[0][0, :, int(positions[0, -1]) + 1:] = 1e4
+        torch.testing.assert_close(attend(q, k, cache.v[0][:, :, :S], bias), ours, rtol=0, atol=0)
 
 
 def test_unknown_model_name():
@@ -351,18 +351,32 @@ def test_paged_attention_computes_what_sdpa_does(vllm_model_dir):
     assert PAGE % 32 == 0  # the kernel reads blocks of a multiple of 32 positions
 
 
+def test_kv_cache_layers_share_no_storage():
+    """Each layer's K and V buffer is an allocation of its own: writes through views of one base are what
+    torch.compile miscompiled (bebop.models.compiled)."""
+    from bebop.models.decoder import KVCache
+
+    for paged in (False, True):
+        cache = KVCache(3, 2, 1, 40, 4, paged=paged)
+        cache.keep_rows(torch.tensor([1]))
+        bases = {t.untyped_storage().data_ptr() for t in cache.k + cache.v}
+        assert len(bases) == 6
+
+
 def test_kv_cache_keep_rows_moves_only_what_changes_place():
     from bebop.models.decoder import KVCache
 
     cache = KVCache(2, 5, 1, 4, 3)
-    cache.k.copy_(torch.arange(5.0).view(1, 5, 1, 1, 1).expand_as(cache.k))  # every entry of row r holds r
-    cache.v.copy_(-cache.k)
+    for k, v in zip(cache.k, cache.v):  # every entry of row r holds r
+        k.copy_(torch.arange(5.0).view(5, 1, 1, 1).expand_as(k))
+        v.copy_(-k)
     cache.lengths = torch.tensor([10, 11, 12, 13, 14])
     for rows, want in ((torch.tensor([0, 4, 2]), [0, 4, 2]), (torch.tensor([2, 0]), [2, 0]), (torch.tensor([1]), [0])):
         cache.keep_rows(rows)
-        assert cache.k.shape[1] == len(rows) and cache.k[0].is_contiguous()
-        assert [int(cache.k[1, i].unique()) for i in range(len(rows))] == want  # rows as named, each whole
-        torch.testing.assert_close(cache.v, -cache.k)
+        assert all(k.shape[0] == len(rows) and k.is_contiguous() for k in cache.k)
+        assert [int(cache.k[1][i].unique()) for i in range(len(rows))] == want  # rows as named, each whole
+        for k, v in zip(cache.k, cache.v):
+            torch.testing.assert_close(v, -k)
     assert cache.lengths.tolist() == [10]  # [10, 14, 12] -> [12, 10] -> [10]
 
 

@@ -59,31 +59,40 @@ PAGE = 32  # positions per block of a paged cache (vLLM's CPU attention reads bl
 
 
 class KVCache:
-    """Static K/V buffers and each row's committed length. Plain: [n_layers, B, n_kv_heads, max_len, head_dim].
-    Paged (`paged`, for vLLM's CPU attention kernel, attention kind "paged"): each row's positions in blocks of
-    PAGE, [n_layers, B, blocks, n_kv_heads, PAGE, head_dim], written and read only by that kernel (its layout
-    inside a block is its own). Rows are whole either way, so moving and copying rows is the same code."""
+    """Static K/V buffers, one pair per layer, and each row's committed length. Plain: a layer's buffer is
+    [B, n_kv_heads, max_len, head_dim]. Paged (`paged`, for vLLM's CPU attention kernel, attention kind "paged"):
+    each row's positions in blocks of PAGE, [B, blocks, n_kv_heads, PAGE, head_dim], written and read only by
+    that kernel (its layout inside a block is its own). Rows are whole either way, so moving and copying rows
+    is the same code. Each layer's buffer is its own allocation, not a slice of one [n_layers, ...] tensor: a
+    compiled forward (bebop.models.compiled) writes every layer's buffer in one graph, and torch.compile
+    miscompiled those writes when the buffers were views of one base (distributions L1 1.5-2.0 from eager
+    at batch > 1, issue 23)."""
 
     def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim, dtype=torch.float32, paged=False):
         self.max_len, self.paged = max_len, paged
-        shape = (n_layers, batch, -(-max_len // PAGE), n_kv_heads, PAGE, head_dim) if paged else \
-            (n_layers, batch, n_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
+        shape = (batch, -(-max_len // PAGE), n_kv_heads, PAGE, head_dim) if paged else \
+            (batch, n_kv_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
         self.lengths = torch.zeros(batch, dtype=torch.long)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k[0].dtype
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Keep rows `rows` [n], in that order, as rows 0..n-1, so later forwards do no work for the others.
         Only rows that change place are copied (the engine fills a finished row's slot with one of the last
-        rows), then the buffers become views of their first n rows: each layer's block stays contiguous. A
-        copy of the whole cache per finished row cost a 32-row batch ~13 ms per EOS."""
+        rows), then each buffer becomes a view of its first n rows, still contiguous. A copy of the whole
+        cache per finished row cost a 32-row batch ~13 ms per EOS."""
         n = len(rows)
         dst = (rows != torch.arange(n, device=rows.device)).nonzero().squeeze(1)
-        if len(dst):
-            src = rows[dst]  # read before any write: the right-hand side is gathered first
-            self.k[:, dst] = self.k[:, src]
-            self.v[:, dst] = self.v[:, src]
-        self.k, self.v = self.k[:, :n], self.v[:, :n]
+        src = rows[dst]
+        for buffers in (self.k, self.v):
+            for i, buf in enumerate(buffers):
+                if len(dst):
+                    buf[dst] = buf[src]  # the right-hand side is gathered before any write
+                buffers[i] = buf[:n]
         self.lengths = self.lengths[rows]
 
     def write_rows(self, rows: torch.Tensor, src: "KVCache", src_rows: torch.Tensor) -> None:
@@ -91,13 +100,11 @@ class KVCache:
         this one, lengths included: continuous batching puts a new request into a finished row, and one
         prefilled prompt can fill several rows (N samples of one prompt pay for one prefill)."""
         assert src.paged == self.paged
-        S = src.k.shape[2] if self.paged else src.max_len  # blocks, or positions
-        if self.paged:
-            self.k[:, rows, :S] = src.k[:, src_rows]
-            self.v[:, rows, :S] = src.v[:, src_rows]
-        else:
-            self.k[:, rows, :, :S] = src.k[:, src_rows]
-            self.v[:, rows, :, :S] = src.v[:, src_rows]
+        for mine, theirs in zip(self.k + self.v, src.k + src.v):
+            if self.paged:  # blocks
+                mine[rows, :theirs.shape[1]] = theirs[src_rows]
+            else:  # positions
+                mine[rows, :, :theirs.shape[2]] = theirs[src_rows]
         self.lengths[rows] = src.lengths[src_rows]
 
 
@@ -405,14 +412,14 @@ class PagedStep:
         if not cpu.vllm_cpu_attention():  # (loads the kernel library on first use)
             raise RuntimeError("a paged KV cache needs vLLM's CPU attention kernels, which are not loaded here")
         B, T = positions.shape
-        _, _, blocks, n_kv, _, head_dim = cache.k.shape
+        _, blocks, n_kv, _, head_dim = cache.k[0].shape
         rows = torch.arange(B, dtype=torch.long, device=positions.device)
         slots = (rows[:, None] * (blocks * PAGE) + positions).reshape(-1)
         seq_lens = (positions[:, -1] + 1).to(torch.int32)
         query_start = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=positions.device)
         block_table = (rows[:, None] * blocks + torch.arange(blocks, device=positions.device)).to(torch.int32)
         isa = "amx" if cpu.amx() else "vec"
-        schedule = torch.ops._C.get_scheduler_metadata(B, n_heads, n_kv, head_dim, seq_lens, cache.k.dtype,
+        schedule = torch.ops._C.get_scheduler_metadata(B, n_heads, n_kv, head_dim, seq_lens, cache.dtype,
                                                        query_start, True, -1, isa, False, None, "auto")
         return cls(slots, seq_lens, query_start, block_table, schedule, isa)
 
@@ -444,7 +451,7 @@ def step_positions(cache: KVCache, T: int, n_heads: int = 0):
         return positions, PagedStep.build(cache, positions, n_heads)
     S = int(positions.max()) + 1
     allowed = torch.arange(S, device=device).view(1, 1, 1, S) <= positions.view(-1, 1, T, 1)
-    bias = torch.zeros(allowed.shape, dtype=cache.k.dtype, device=device).masked_fill_(~allowed, float("-inf"))
+    bias = torch.zeros(allowed.shape, dtype=cache.dtype, device=device).masked_fill_(~allowed, float("-inf"))
     return positions, bias
 
 
