@@ -28,7 +28,7 @@ def environment(model) -> dict:
     """What a throughput figure depends on: the dtype, the decode attention kernels in use (for one new token
     per row, for several) and the linear kind, the CPU and what it can run (bebop.models.cpu), threads."""
     return {"dtype": str(model.embed.weight.dtype).removeprefix("torch."), "attention": list(model.attention),
-            "linear": model.linear, "cpu": cpu.cpu_model(), "cpu_capability": cpu.describe(),
+            "linear": model.linear, "compiled": model.compiled, "cpu": cpu.cpu_model(), "cpu_capability": cpu.describe(),
             "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 

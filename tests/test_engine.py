@@ -145,6 +145,21 @@ def test_spec_with_an_eagle3_draft_matches_exact_distribution(sharp, mode):
     assert_exact_and_like_ar(model, gen, exact, ar, f"eagle3 {mode}")
 
 
+def test_spec_on_the_compiled_step_matches_exact_distribution_and_ar(sharp):
+    """The compiled decode and verify step (bebop.models.compiled): plain and speculative sampling on it are
+    distributed as the exact target distribution, and speculative as plain."""
+    model, mtp, prompt, exact, _ = sharp
+    model = copy.deepcopy(model)
+    model.compiled = True
+    ar = generate(model, [prompt] * ROWS, 3, SHARP, mode="ar", seed=14, eos_ids=[])
+    toks = token_matrix(ar)
+    for j in range(3):
+        assert gof(toks[:, j], exact[j]) > P_OK, f"compiled ar token {j}"
+    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode="spec", mtp=mtp, draft_len=2, seed=15, eos_ids=[])
+    assert 0.2 < gen.stats.acceptance_rate < 0.9
+    assert_exact_and_like_ar(model, gen, exact, ar, "compiled spec")
+
+
 @pytest.mark.parametrize("kind", ["packed", "amx", "onednn", f"onednn:{ROWS},amx"])
 def test_spec_on_fast_bf16_linears_matches_ar(sharp, kind):
     """bf16 weights multiplied by a fast kernel (what --dtype auto picks on machines with native bf16: oneDNN's
@@ -231,8 +246,12 @@ def test_exactness_check_catches_unverified_drafts(sharp, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
-def test_temperature_zero_equals_ar_tiny(name, request):
+@pytest.mark.parametrize("compiled", [False, True])
+def test_temperature_zero_equals_ar_tiny(name, compiled, request):
     model, tok = request.getfixturevalue(name.replace("-", "_"))
+    if compiled:  # the compiled decode and verify step (bebop.models.compiled)
+        model = copy.deepcopy(model)
+        model.compiled = True
     prompts = [chat_ids(tok, t) for t in TEXTS]
     greedy = SamplingParams(temperature=0)
     ar = generate(model, prompts, 24, greedy, mode="ar", seed=0, eos_ids=[])
@@ -289,8 +308,12 @@ def warm(tiny_qwen3):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_rows_are_independent_of_the_batch(warm, mode):
+@pytest.mark.parametrize("compiled", [False, True])
+def test_rows_are_independent_of_the_batch(warm, mode, compiled):
     model, mtp, tok = warm
+    if compiled:  # the compiled decode and verify step (bebop.models.compiled)
+        model = copy.deepcopy(model)
+        model.compiled = True
     texts = TEXTS + ["x", "Explain, in detail, how rejection sampling keeps the output distribution exact."]
     prompts = [chat_ids(tok, t) for t in texts]
     seeds = [101, 7, 55, 3, 1234]

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bebop.models import cpu
+from bebop.models import compiled, cpu
 
 
 @dataclass
@@ -120,8 +120,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         w = self.weight
+        loaded = compiled.VLLM_OPS if torch.compiler.is_compiling() else cpu.vllm_cpu_ops()  # (a constant there)
         if x.dtype != torch.bfloat16 or w.dtype != x.dtype or x.device.type != "cpu" or torch.is_grad_enabled() \
-                or not cpu.vllm_cpu_ops():
+                or not loaded:
             return F.rms_norm(x, w.shape, w, self.eps)
         x = x.contiguous()
         out = torch.empty_like(x)
@@ -246,7 +247,12 @@ class Linear(nn.Linear):
         if len(self.rows) > 1:
             n = x.numel() // x.shape[-1]
             kind = next(k for upto, k in self.rows if n <= upto)
-        fast = self.fast(kind)
+        # compiled (bebop.models.compiled), the copy is read as it was last built: the compiled forward rebuilds
+        # stale copies before it runs (refresh_fast_weights), where the check, data_ptr() included, can run
+        if torch.compiler.is_compiling():  # (oneDNN's packed linear has no lowering for dynamic shapes)
+            fast = None if kind == "packed" else self.__dict__.get("_packed", {}).get(kind, (None, None))[1]
+        else:
+            fast = self.fast(kind)
         if fast is None:
             return F.linear(x, self.weight, self.bias)
         if kind == "amx":
@@ -337,7 +343,7 @@ class Block(nn.Module):
         v_cache[rows, :, positions] = v.transpose(1, 2)
         S = bias.shape[-1]
         T = x.shape[1]
-        kind = "sdpa" if T > DECODE_MAX_T else attention[T > 1]
+        kind = "sdpa" if T > DECODE_MAX_T else attention[1 if T > 1 else 0]
         attn = ATTENTION[kind](q, k_cache[:, :, :S], v_cache[:, :, :S], bias)
         return self.finish(x if residual is None else residual, attn)
 
@@ -425,19 +431,37 @@ class PagedStep:
 
     def attend(self, q, k, v, k_cache, v_cache):
         """Write this step's k, v [B, Hkv, T, D] into the layer's paged cache [B, blocks, Hkv, PAGE, D], then
-        causal attention of q [B, H, T, D] over each row's prefix. Returns [B, H, T, D]."""
-        B, H, T, D = q.shape
-        n_kv = k.shape[1]
-        kc, vc = k_cache.view(-1, n_kv, PAGE, D), v_cache.view(-1, n_kv, PAGE, D)
-        torch.ops._C.cpu_attn_reshape_and_cache(k.transpose(1, 2).reshape(B * T, n_kv, D),
-                                                v.transpose(1, 2).reshape(B * T, n_kv, D), kc, vc, self.slots,
-                                                self.isa, 1.0, 1.0, "auto")
-        query = q.transpose(1, 2).reshape(B * T, H, D)
-        out = torch.empty_like(query)
-        torch.ops._C.cpu_attention_with_kv_cache(query, kc, vc, out, self.query_start, self.seq_lens, D ** -0.5,
-                                                 True, None, -1, self.block_table, 0.0, self.schedule, None, None,
-                                                 1.0, 1.0, "auto")
-        return out.view(B, T, H, D).transpose(1, 2)
+        causal attention of q [B, H, T, D] over each row's prefix. Returns [B, H, T, D]. Compiled, the same
+        function as one opaque op (the kernels' own registration lets the compiler trace into them)."""
+        attend = paged_attention_op if torch.compiler.is_compiling() else paged_attention
+        return attend(q, k, v, k_cache, v_cache, self.slots, self.query_start, self.seq_lens, self.block_table,
+                      self.schedule, self.isa)
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    slots: torch.Tensor, query_start: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
+                    schedule: torch.Tensor, isa: str) -> torch.Tensor:
+    """PagedStep.attend, its fields spelled out."""
+    B, H, T, D = q.shape
+    n_kv = k.shape[1]
+    kc, vc = k_cache.view(-1, n_kv, PAGE, D), v_cache.view(-1, n_kv, PAGE, D)
+    torch.ops._C.cpu_attn_reshape_and_cache(k.transpose(1, 2).reshape(B * T, n_kv, D),
+                                            v.transpose(1, 2).reshape(B * T, n_kv, D), kc, vc, slots, isa, 1.0, 1.0,
+                                            "auto")
+    query = q.transpose(1, 2).reshape(B * T, H, D)
+    out = torch.empty_like(query)
+    torch.ops._C.cpu_attention_with_kv_cache(query, kc, vc, out, query_start, seq_lens, D ** -0.5, True, None, -1,
+                                             block_table, 0.0, schedule, None, None, 1.0, 1.0, "auto")
+    return out.view(B, T, H, D).transpose(1, 2).contiguous()
+
+
+paged_attention_op = torch.library.custom_op("bebop::paged_attention", mutates_args=("k_cache", "v_cache"))(
+    paged_attention)
+
+
+@paged_attention_op.register_fake
+def _(q, *args):
+    return q.new_empty(q.shape)
 
 
 def step_positions(cache: KVCache, T: int, n_heads: int = 0):
@@ -471,6 +495,7 @@ class Decoder(nn.Module):
         # attention kernels (ATTENTION_KINDS) for one new token per row and for 2..DECODE_MAX_T; chosen per
         # machine at load (bebop.models.dtype)
         self.attention = ("sdpa", "sdpa")
+        self.compiled = False  # decode and verify forwards through torch.compile (bebop.models.compiled)
         self.name: str | None = None  # what the loader knows it as (registry name or path): keys per-model caches
         self.eos_ids: list[int] = []  # tokens that end a generation (the loader reads them from the tokenizer)
 
@@ -505,17 +530,16 @@ class Decoder(nn.Module):
         states [B, T, dim] before the final norm (what an MTP module consumes); with `capture` (layer indices,
         -1 for the embeddings), also those layers' outputs concatenated [B, T, len(capture) * dim] (an EAGLE-3
         draft's input). The
-        cache lengths are NOT advanced: the caller commits as many positions per row as it keeps."""
+        cache lengths are NOT advanced: the caller commits as many positions per row as it keeps.
+        With `compiled` set, decode and verify forwards (up to DECODE_MAX_T new tokens) run the layers through
+        torch.compile (bebop.models.compiled); prompts run eagerly."""
         positions, bias = step_positions(cache, tokens.shape[1], self.cfg.n_heads)
         cos, sin = self.rope(positions)
         rows = torch.arange(tokens.shape[0], device=tokens.device).unsqueeze(1)
-        x = self.embed(tokens)
-        kept = {-1: x} if -1 in capture else {}
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.k[i], cache.v[i], positions, rows, bias, self.attention)
-            if i in capture:
-                kept[i] = x
-        return (x, torch.cat([kept[i] for i in capture], -1)) if capture else x
+        layers = run_layers
+        if self.compiled and tokens.shape[1] <= DECODE_MAX_T and compiled.enabled():
+            layers = compiled.layers(self, run_layers)
+        return layers(self, tokens, cos, sin, cache.k, cache.v, positions, rows, bias, capture)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden)).float()
@@ -544,6 +568,18 @@ class Decoder(nn.Module):
         if unexpected or set(missing) - {"lm_head.weight"}:  # a tied head is the one allowed absentee
             raise ValueError(f"weights do not fit: missing {missing}, unexpected {unexpected}")
         return model.to(next(hf_model.parameters()).dtype).eval().requires_grad_(False)
+
+
+def run_layers(model: Decoder, tokens, cos, sin, k_caches, v_caches, positions, rows, bias, capture):
+    """Decoder.forward after its positions, bias and rope: the embedding and the layer stack (what
+    bebop.models.compiled compiles)."""
+    x = model.embed(tokens)
+    kept = {-1: x} if -1 in capture else {}
+    for i, layer in enumerate(model.layers):
+        x = layer(x, cos, sin, k_caches[i], v_caches[i], positions, rows, bias, model.attention)
+        if i in capture:
+            kept[i] = x
+    return (x, torch.cat([kept[i] for i in capture], -1)) if capture else x
 
 
 def convert_hf_state_dict(sd: dict, cfg: DecoderConfig) -> dict:

@@ -22,13 +22,14 @@ from tqdm import tqdm
 
 from bebop.checkpoint import write_text_atomic
 from bebop.errors import BebopError
-from bebop.models import cpu
+from bebop.models import compiled, cpu
 from bebop.models.decoder import (ATTENTION_KINDS, PAGED, Decoder, Linear, amx_weights, onednn_weights, packs_weights,
                                   paged_runs)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-CACHE_FILE = "dtype-probe-v5.json"  # v2: a kernel for one new token and one for several; v3: linear kind;
-# v4: the AMX linear and paged attention (vLLM's CPU kernels); v5: vLLM's oneDNN linear, kernels per row count
+CACHE_FILE = "dtype-probe-v6.json"  # v2: a kernel for one new token and one for several; v3: linear kind;
+# v4: the AMX linear and paged attention (vLLM's CPU kernels); v5: vLLM's oneDNN linear, kernels per row count;
+# v6: the compiled decode step (bebop.models.compiled)
 # (batch, new tokens per row) of the probe: plain decoding alone and batched, and a K=3 verification step.
 # Batch 16, the smallest batch RL rollouts run at: there the folded kernel took 0.6x SDPA's time for 2-4 new
 # tokens per row on this Intel Xeon, at batch 8 the two tied (so a batch-8 probe chose SDPA)
@@ -221,10 +222,46 @@ def probe(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPE
                 linear[d], rows_ms[d] = row_choice(models[d], fast, linear[d], timer)
             finally:
                 models[d].attention = saved[0]
-    return {"dtype": pick, "attention": attention_for[pick], "linear": linear[pick], "attention_for": attention_for,
+    models[pick].attention, models[pick].linear = tuple(attention_for[pick]), linear[pick]
+    use_compiled, compiled_ms, compile_s = compile_choice(models[pick], timer, shapes, repeats)
+    return {"dtype": pick, "attention": attention_for[pick], "linear": linear[pick], "compiled": use_compiled,
+            "compiled_ms": compiled_ms, "compile_s": compile_s, "attention_for": attention_for,
             "linear_for": linear, "shapes": [list(s) for s in shapes],
             "ms": {f"{d}/{a}/{lin}": v for (d, a, lin), v in ms.items()}, "linear_rows_ms": rows_ms,
             "capability": cpu.describe(), "dropped": {"/".join(c): why for c, why in dropped.items()}}
+
+
+def compile_choice(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPEATS) -> tuple[bool, dict, float]:
+    """Whether the compiled decode step (bebop.models.compiled) pays here, for the chosen dtype and kernels:
+    eager and compiled forwards timed interleaved on every shape after a first compiled pass that compiles
+    them (its seconds are returned: what a process pays once on a cold cache), compiled chosen where its
+    geometric mean is 5% below eager's. A compile that raises keeps eager, with a note. Returns (compiled?,
+    {"eager": [ms per shape], "compiled": [...]}, compile seconds)."""
+    if not compiled.enabled():
+        return False, {}, 0.0
+    times = {False: [[] for _ in shapes], True: [[] for _ in shapes]}
+    start = time.perf_counter()
+    try:
+        with tqdm(total=(repeats + 1) * 2 * len(shapes), desc="compile probe (compiles first)", unit="fwd",
+                  leave=False) as bar:
+            for rep in range(repeats + 1):
+                for j, shape in enumerate(shapes):
+                    for flag in ((True, False) if rep % 2 else (False, True)):
+                        model.compiled = flag
+                        t = timer(model, *shape)
+                        bar.update(1)
+                        if rep > 0:
+                            times[flag][j].append(t)
+                if rep == 0:
+                    compile_s = time.perf_counter() - start
+    except Exception as e:  # noqa: BLE001 -- whatever the compiler raised, eager stays
+        note(f"the compiled step does not run here, eager stays: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+        return False, {}, 0.0
+    finally:
+        model.compiled = False
+    ms = {("compiled" if flag else "eager"): [round(1e3 * min(ts), 2) for ts in v] for flag, v in times.items()}
+    geomean = {k: math.exp(statistics.fmean(math.log(x) for x in v)) for k, v in ms.items()}
+    return geomean["compiled"] < MARGIN * geomean["eager"], ms, round(compile_s, 1)
 
 
 def read_cache(cache_dir) -> dict:

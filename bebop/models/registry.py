@@ -205,8 +205,10 @@ def load_model(name: str, max_len: int | None = None, dtype: str = "float32"):
         dtype = choice["dtype"] if choice else "float32"
         if choice:
             decoder.attention, decoder.linear = tuple(choice["attention"]), choice["linear"]
+            decoder.compiled = bool(choice.get("compiled"))
     else:  # a forced dtype still gets the faster kernels if this machine was probed
         decoder.attention, decoder.linear = probed_kernels(decoder, dtype)
+        decoder.compiled = probed_compiled(decoder, dtype)
     decoder = decoder.to(DTYPES[dtype])
     decoder.eos_ids = eos_ids(tok, hf.generation_config)
     return decoder, tok
@@ -228,6 +230,14 @@ def probed_kernels(decoder, dtype: str) -> tuple[tuple[str, str], str]:
     if not known or dtype not in known["attention_for"]:  # (a dtype whose every kernel raised in the probe)
         return decoder.attention, decoder.linear
     return tuple(known["attention_for"][dtype]), known["linear_for"][dtype]
+
+
+def probed_compiled(decoder, dtype: str) -> bool:
+    """Whether this machine's probe found the compiled decode step faster for the model in `dtype` (it is
+    timed in the dtype the probe picked only)."""
+    key = auto_dtype.probe_key(probe_name(decoder.name), decoder.embed.weight.device) if decoder.name else None
+    known = auto_dtype.read_cache(cache_dir()).get(key) if key else None
+    return bool(known and known["dtype"] == dtype and known.get("compiled"))
 
 
 def probe_name(name: str) -> str:

@@ -35,7 +35,7 @@ from bebop.memory import retain_freed_memory
 from bebop.mtp import MTP, build_draft
 from bebop.models import cpu
 from bebop.models.decoder import Decoder
-from bebop.models.registry import probed_choice, probed_kernels
+from bebop.models.registry import probed_choice, probed_compiled, probed_kernels
 from bebop.rl import grpo
 from bebop.rl.config import RLConfig
 from bebop.rl.trainer import MTP_LOSS, Sample, mtp_step, policy_step, probe_bf16
@@ -60,7 +60,7 @@ def model_spec(policy: Decoder, mtp: MTP | None, dtype: str) -> dict:
     with the kernels this machine's probe chose for that dtype."""
     attention, linear = probed_kernels(policy, dtype)
     return {"cfg": policy.cfg, "name": policy.name, "eos_ids": list(policy.eos_ids), "attention": attention,
-            "linear": linear, "device": str(policy.embed.weight.device),
+            "linear": linear, "compiled": probed_compiled(policy, dtype), "device": str(policy.embed.weight.device),
             "mtp": None if mtp is None else {"config": copy.deepcopy(mtp.config), "vocab_ids": mtp.vocab_ids.tolist()}}
 
 
@@ -72,6 +72,7 @@ class RolloutWorker:
         self.model = Decoder(spec["cfg"], max_len=4096).to(spec["device"], DTYPES[dtype]).eval().requires_grad_(False)
         self.model.name, self.model.eos_ids = spec["name"], spec["eos_ids"]
         self.model.attention, self.model.linear = spec["attention"], spec["linear"]
+        self.model.compiled = spec.get("compiled", False)
         self.mtp = None
         if spec["mtp"] is not None:
             self.mtp = build_draft(self.model, copy.deepcopy(spec["mtp"]["config"])).to(spec["device"], DTYPES[dtype])
@@ -392,7 +393,7 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
             rollout_dtype = choice["dtype"] if choice else "float32"
     attention, linear = probed_kernels(policy, rollout_dtype)
     meta = {"use_bf16": use_bf16, "probe": probe, "rollout_dtype": rollout_dtype, "rollout_attention": list(attention),
-            "rollout_linear": linear, "train_threads": train_threads, "rollout_threads": total // 2 if one_step else total,
+            "rollout_linear": linear, "rollout_compiled": probed_compiled(policy, rollout_dtype), "train_threads": train_threads, "rollout_threads": total // 2 if one_step else total,
             "rollout_workers": cfg.rollout_workers, "ray": cfg.ray,
             "cpu": cpu.cpu_model(), "cpu_capability": cpu.describe(), "torch": torch.__version__}
     (out / "run.json").write_text(json.dumps(meta, indent=1))

@@ -1,0 +1,108 @@
+"""A compiled decode and verify step: torch.compile of the target's embedding and layer stack over its static
+KV cache (Decoder.forward with `compiled` set, up to DECODE_MAX_T new tokens per row), as gpt-fast compiles its
+one-token decode step and vLLM its forward. Chosen per machine by the dtype probe (bebop.models.dtype), which
+times it against eager; `BEBOP_COMPILE=0` keeps eager anyway.
+
+Shapes are dynamic: one graph serves every batch size above 1 and every cache length, while torch specialises
+size 1 (one row, one new token) and the layers' kernel per row count (decoder.linear_rows) splits the rest by
+row-count range, so a generation meets a handful of graphs. Each compiles once per process on first use, with
+a line on stderr saying so and how long it took; inductor's graph cache, kept in bebop's cache dir, makes a
+later process load the compiled code instead of building it.
+
+What makes the compiled step compute what eager computes (tests/test_compiled.py):
+- vLLM's CPU kernels (bebop.models.cpu) write into a buffer they are given and return nothing: that is all
+  the compiler needs to know of them (register_kernels). Paged attention is one opaque op
+  (decoder.paged_attention_op), since its kernels' registration would have the compiler trace into them.
+- each layer's KV buffer is its own allocation (decoder.KVCache): writes through views of one base were
+  miscompiled (distributions L1 ~1.96 from eager at batch > 1).
+- the weights' fast copies (decoder.Linear) are rebuilt where stale before every compiled call, outside the
+  graph, which reads them as they are.
+"""
+
+import functools
+import os
+import sys
+import time
+
+import torch
+
+from bebop.models import cpu
+
+WRITES_INTO_BUFFER = ("weight_packed_linear", "onednn_mm", "rms_norm")  # vLLM's kernels the layers call
+VLLM_OPS = False  # cpu.vllm_cpu_ops(), as the compiled code reads it (register_kernels)
+
+
+def enabled() -> bool:
+    """False where the user keeps eager (BEBOP_COMPILE=0)."""
+    return os.environ.get("BEBOP_COMPILE", "1") != "0"
+
+
+@functools.cache
+def register_kernels() -> None:
+    """The compiler's view of vLLM's CPU kernels: each fills its first argument and returns nothing."""
+    global VLLM_OPS
+    VLLM_OPS = cpu.vllm_cpu_ops()
+    if not VLLM_OPS:
+        return
+    for name in WRITES_INTO_BUFFER:
+        if hasattr(torch.ops._C, name):
+            torch.library.register_fake(f"_C::{name}")(lambda *args: None)
+
+
+@functools.cache
+def compiled(fn):
+    """`fn` compiled once per process (every model and shape shares it; torch keys graphs by their guards)."""
+    register_kernels()
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # the compiled code next to bebop's other caches
+        from bebop.models.registry import cache_dir
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
+    # a generation meets a handful of graphs, a test session or a probe dozens (dtypes, kernels, models); past
+    # the limit torch would run eagerly without a word, so the limit is high and hitting it raises
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    return torch.compile(fn, dynamic=True)
+
+
+def fast_linears(model) -> list:
+    """The model's linears that multiply with a fast kernel's copy of their weight (looked up once)."""
+    from bebop.models.decoder import Linear
+
+    found = model.__dict__.get("_fast_linears")
+    if found is None or found[0] != model.linear:
+        found = model.__dict__["_fast_linears"] = (
+            model.linear, [m for m in model.modules() if isinstance(m, Linear) and m.kind != "plain"])
+    return found[1]
+
+
+def refresh_fast_weights(model) -> None:
+    """Rebuild every stale fast copy (the weights changed in place: an optimiser step, a weight sync)."""
+    for m in fast_linears(model):
+        for _, kind in m.rows:
+            m.fast(kind)
+
+
+_seen: set = set()
+
+
+def layers(model, fn):
+    """`fn` (decoder.run_layers) compiled, after the fast weights are made current; the first call of a new
+    shape class says that it compiles, and how long that took."""
+    refresh_fast_weights(model)
+    step = compiled(fn)
+
+    def run(model, tokens, *args):
+        B, T = tokens.shape
+        key = (model.embed.weight.dtype, model.attention, model.linear, repr(model.cfg),  # what torch guards on,
+               B == 1, T == 1, B * T <= 4, B * T <= 16, B * T <= 64)  # roughly
+        if key in _seen:
+            return step(model, tokens, *args)
+        print(f"bebop: compiling the decode step for {B} row(s) x {T} token(s) (once per process and shape "
+              "class; cached on disk)", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        out = step(model, tokens, *args)
+        _seen.add(key)
+        print(f"bebop: compiled in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+        return out
+
+    return run
