@@ -40,6 +40,7 @@ from tqdm import tqdm
 
 from bebop.autodraft import Acceptance, choose_draft_len, step_costs_for
 from bebop.errors import BebopError
+from bebop.models import compiled
 from bebop.models.decoder import Decoder
 from bebop.mtp import MTP, target_forward
 from bebop.sampling import SamplingParams, entropy, probabilities, rejection_sample_uniform, sample, token_stats
@@ -409,6 +410,8 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     # the end of the context K shrinks instead, so a request that fits the context never fails
     max_len = min(need + 1 + K_max, context)
     B = len(prompts) if max_batch is None else min(len(prompts), max_batch)
+    if target.compiled and compiled.enabled():  # every graph this generation meets, compiled before it starts
+        compiled.warm_up(target, B, K_max + 1)
     cache = target.new_cache(B, max_len)
     mcache = mtp.new_cache(B, max_len) if spec else None
     costs = step_costs_for(target, mtp, K_max) if auto and spec else None  # probed, then measured

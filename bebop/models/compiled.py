@@ -25,8 +25,11 @@ import sys
 import time
 
 import torch
+from tqdm import tqdm
 
 from bebop.models import cpu
+
+PAGE_OR_MORE = 32  # warm-up caches: positions (a paged cache's block)
 
 WRITES_INTO_BUFFER = ("weight_packed_linear", "onednn_mm", "rms_norm")  # vLLM's kernels the layers call
 VLLM_OPS = False  # cpu.vllm_cpu_ops(), as the compiled code reads it (register_kernels)
@@ -85,20 +88,28 @@ def refresh_fast_weights(model) -> None:
 _seen: set = set()
 
 
+def shape_class(model, B: int, T: int) -> tuple:
+    """What torch compiles a graph apart for, roughly: the model's dtype and kernels, one row or more, one new
+    token or more, and the row-count ranges of its linear kinds (decoder.linear_rows)."""
+    from bebop.models.decoder import linear_rows
+
+    bounds = [upto for upto, _ in linear_rows(model.linear) if upto != float("inf")]
+    return (model.embed.weight.dtype, model.attention, model.linear, repr(model.cfg), B == 1, T == 1,
+            tuple(B * T <= upto for upto in bounds))
+
+
 def layers(model, fn):
     """`fn` (decoder.run_layers) compiled, after the fast weights are made current; the first call of a new
-    shape class says that it compiles, and how long that took."""
+    shape class outside warm_up says that it compiles, and how long that took."""
     refresh_fast_weights(model)
     step = compiled(fn)
 
     def run(model, tokens, *args):
-        B, T = tokens.shape
-        key = (model.embed.weight.dtype, model.attention, model.linear, repr(model.cfg),  # what torch guards on,
-               B == 1, T == 1, B * T <= 4, B * T <= 16, B * T <= 64)  # roughly
+        key = shape_class(model, *tokens.shape)
         if key in _seen:
             return step(model, tokens, *args)
-        print(f"bebop: compiling the decode step for {B} row(s) x {T} token(s) (once per process and shape "
-              "class; cached on disk)", file=sys.stderr, flush=True)
+        print(f"bebop: compiling the decode step for {tokens.shape[0]} row(s) x {tokens.shape[1]} token(s) "
+              "(once per process and shape class; cached on disk)", file=sys.stderr, flush=True)
         start = time.perf_counter()
         out = step(model, tokens, *args)
         _seen.add(key)
@@ -106,3 +117,25 @@ def layers(model, fn):
         return out
 
     return run
+
+
+@torch.inference_mode()
+def warm_up(model, batch: int, max_new: int) -> None:
+    """Compile, up front and on a progress bar, every shape class that forwards of up to `batch` rows and
+    `max_new` new tokens per row meet (a generation's rows shrink one by one as they finish), so that no
+    compile lands inside the timed or latency-bound part of a run. Each class once per process."""
+    from bebop.models.decoder import DECODE_MAX_T
+
+    todo = {}
+    for B in range(1, batch + 1):
+        for T in range(1, min(max_new, DECODE_MAX_T) + 1):
+            todo.setdefault(shape_class(model, B, T), (B, T))
+    todo = {k: bt for k, bt in todo.items() if k not in _seen}
+    if not todo:
+        return
+    device = model.embed.weight.device
+    for key, (B, T) in tqdm(todo.items(), desc="compiling the decode step", unit="graph", leave=False):
+        cache = model.new_cache(B, 2 * PAGE_OR_MORE)
+        cache.lengths[:] = 1
+        model(torch.zeros(B, T, dtype=torch.long, device=device), cache)
+        _seen.add(key)

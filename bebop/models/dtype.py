@@ -222,10 +222,7 @@ def probe(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPE
                 linear[d], rows_ms[d] = row_choice(models[d], fast, linear[d], timer)
             finally:
                 models[d].attention = saved[0]
-    models[pick].attention, models[pick].linear = tuple(attention_for[pick]), linear[pick]
-    use_compiled, compiled_ms, compile_s = compile_choice(models[pick], timer, shapes, repeats)
-    return {"dtype": pick, "attention": attention_for[pick], "linear": linear[pick], "compiled": use_compiled,
-            "compiled_ms": compiled_ms, "compile_s": compile_s, "attention_for": attention_for,
+    return {"dtype": pick, "attention": attention_for[pick], "linear": linear[pick], "attention_for": attention_for,
             "linear_for": linear, "shapes": [list(s) for s in shapes],
             "ms": {f"{d}/{a}/{lin}": v for (d, a, lin), v in ms.items()}, "linear_rows_ms": rows_ms,
             "capability": cpu.describe(), "dropped": {"/".join(c): why for c, why in dropped.items()}}
@@ -277,7 +274,10 @@ def choose(model: Decoder, model_name: str, cache_dir, timer=time_forward) -> di
     key = probe_key(model_name, model.embed.weight.device)
     known = read_cache(cache_dir)
     if key not in known:
-        known[key] = probe(model, timer)
+        known[key] = choice = probe(model, timer)
+        chosen = copy.deepcopy(model).to(DTYPES[choice["dtype"]])  # the compiled step, timed as it would run
+        chosen.attention, chosen.linear = tuple(choice["attention"]), choice["linear"]
+        choice["compiled"], choice["compiled_ms"], choice["compile_s"] = compile_choice(chosen, timer)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, json.dumps(known, indent=1))  # a concurrent reader sees the old file or the new
     return known[key]
