@@ -237,7 +237,7 @@ def probed_compiled(decoder, dtype: str) -> bool:
     timed in the dtype the probe picked only)."""
     key = auto_dtype.probe_key(probe_name(decoder.name), decoder.embed.weight.device) if decoder.name else None
     known = auto_dtype.read_cache(cache_dir()).get(key) if key else None
-    return bool(known and known["dtype"] == dtype and known.get("compiled"))
+    return bool(known and known.get("dtype") == dtype and known.get("compiled"))
 
 
 def probe_name(name: str) -> str:
