@@ -410,7 +410,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     # the end of the context K shrinks instead, so a request that fits the context never fails
     max_len = min(need + 1 + K_max, context)
     B = len(prompts) if max_batch is None else min(len(prompts), max_batch)
-    if target.compiled and compiled.enabled():  # every graph this generation meets, compiled before it starts
+    if target.compiled:  # every graph this generation meets, compiled before it starts
         compiled.warm_up(target, B, K_max + 1)
     cache = target.new_cache(B, max_len)
     mcache = mtp.new_cache(B, max_len) if spec else None

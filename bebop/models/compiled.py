@@ -1,7 +1,10 @@
 """A compiled decode and verify step: torch.compile of the target's embedding and layer stack over its static
 KV cache (Decoder.forward with `compiled` set, up to DECODE_MAX_T new tokens per row), as gpt-fast compiles its
-one-token decode step and vLLM its forward. Chosen per machine by the dtype probe (bebop.models.dtype), which
-times it against eager; `BEBOP_COMPILE=0` keeps eager anyway.
+one-token decode step and vLLM its forward. Off unless asked for, with BEBOP_COMPILE: "auto" has the dtype
+probe (bebop.models.dtype) time it against eager and keep it where it is 5% faster, "1" turns it on, "0" (the
+default) keeps eager. Off by default because on the machines measured it took 3-9% off a target forward
+(examples/compiled_step.py) for 20-30 s of compiling per shape class, about ten classes for a generation of
+64 rows, and 2.5 minutes of compile probe on a cold cache, against issue 23's 60 s to a first generation.
 
 Shapes are dynamic: one graph serves every batch size above 1 and every cache length, while torch specialises
 size 1 (one row, one new token) and the layers' kernel per row count (decoder.linear_rows) splits the rest by
@@ -35,9 +38,21 @@ WRITES_INTO_BUFFER = ("weight_packed_linear", "onednn_mm", "rms_norm")  # vLLM's
 VLLM_OPS = False  # cpu.vllm_cpu_ops(), as the compiled code reads it (register_kernels)
 
 
-def enabled() -> bool:
-    """False where the user keeps eager (BEBOP_COMPILE=0)."""
-    return os.environ.get("BEBOP_COMPILE", "1") != "0"
+MODES = ("0", "auto", "1")
+
+
+def mode() -> str:
+    """BEBOP_COMPILE: "0" eager (the default), "auto" the probe decides, "1" compiled."""
+    value = os.environ.get("BEBOP_COMPILE", "0")
+    if value not in MODES:
+        from bebop.errors import BebopError
+        raise BebopError(f"BEBOP_COMPILE must be one of {', '.join(MODES)}, got {value!r}")
+    return value
+
+
+def wanted(probed: bool) -> bool:
+    """Whether a model loaded now runs compiled, given what the probe found (`probed`, False if not timed)."""
+    return mode() == "1" or (mode() == "auto" and probed)
 
 
 @functools.cache
@@ -79,10 +94,17 @@ def fast_linears(model) -> list:
 
 
 def refresh_fast_weights(model) -> None:
-    """Rebuild every stale fast copy (the weights changed in place: an optimiser step, a weight sync)."""
-    for m in fast_linears(model):
+    """Rebuild every stale fast copy (the weights changed in place: an optimiser step, a weight sync, or were
+    replaced). A stamp of the weights' versions decides, a few microseconds where checking every copy of
+    every kind costs a millisecond a forward."""
+    linears = fast_linears(model)
+    stamp = tuple((id(m.weight), m.weight._version, None if m.bias is None else m.bias._version) for m in linears)
+    if model.__dict__.get("_fast_stamp") == stamp:
+        return
+    for m in linears:
         for _, kind in m.rows:
             m.fast(kind)
+    model.__dict__["_fast_stamp"] = stamp
 
 
 _seen: set = set()
@@ -93,9 +115,12 @@ def shape_class(model, B: int, T: int) -> tuple:
     token or more, and the row-count ranges of its linear kinds (decoder.linear_rows)."""
     from bebop.models.decoder import linear_rows
 
-    bounds = [upto for upto, _ in linear_rows(model.linear) if upto != float("inf")]
-    return (model.embed.weight.dtype, model.attention, model.linear, repr(model.cfg), B == 1, T == 1,
-            tuple(B * T <= upto for upto in bounds))
+    known = model.__dict__.get("_row_bounds")
+    if known is None or known[0] != model.linear:
+        known = model.__dict__["_row_bounds"] = (
+            model.linear, [upto for upto, _ in linear_rows(model.linear) if upto != float("inf")])
+    return (model.embed.weight.dtype, model.attention, model.linear, id(model.cfg), B == 1, T == 1,
+            tuple(B * T <= upto for upto in known[1]))
 
 
 def layers(model, fn):

@@ -191,7 +191,8 @@ class OneDNNMatmul:
 
     def __init__(self, w: torch.Tensor, bias):
         self.n, self.bias = w.shape[0], bias
-        self.handler = torch.tensor(torch.ops._C.create_onednn_mm_handler(w.t(), 128), dtype=torch.int64)
+        self.pointer = torch.ops._C.create_onednn_mm_handler(w.t(), 128)
+        self.handler = torch.tensor(self.pointer, dtype=torch.int64)  # what the kernel takes
         self.release = torch.ops._C.release_dnnl_matmul_handler
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -199,8 +200,8 @@ class OneDNNMatmul:
         torch.ops._C.onednn_mm(out.view(-1, self.n), x.reshape(-1, x.shape[-1]), self.bias, self.handler)
         return out
 
-    def __del__(self):
-        self.release(int(self.handler))
+    def __del__(self):  # (the int, not the tensor: this can run while torch.compile traces, on fake tensors)
+        self.release(self.pointer)
 
 
 LINEAR_KINDS = ("plain", "packed", "amx", "onednn")
@@ -537,7 +538,7 @@ class Decoder(nn.Module):
         cos, sin = self.rope(positions)
         rows = torch.arange(tokens.shape[0], device=tokens.device).unsqueeze(1)
         layers = run_layers
-        if self.compiled and tokens.shape[1] <= DECODE_MAX_T and compiled.enabled():
+        if self.compiled and tokens.shape[1] <= DECODE_MAX_T:
             layers = compiled.layers(self, run_layers)
         return layers(self, tokens, cos, sin, cache.k, cache.v, positions, rows, bias, capture)
 

@@ -234,8 +234,6 @@ def compile_choice(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: i
     them (its seconds are returned: what a process pays once on a cold cache), compiled chosen where its
     geometric mean is 5% below eager's. A compile that raises keeps eager, with a note. Returns (compiled?,
     {"eager": [ms per shape], "compiled": [...]}, compile seconds)."""
-    if not compiled.enabled():
-        return False, {}, 0.0
     times = {False: [[] for _ in shapes], True: [[] for _ in shapes]}
     start = time.perf_counter()
     try:
@@ -273,11 +271,16 @@ def choose(model: Decoder, model_name: str, cache_dir, timer=time_forward) -> di
     path = cache_dir / CACHE_FILE
     key = probe_key(model_name, model.embed.weight.device)
     known = read_cache(cache_dir)
-    if key not in known:
-        known[key] = choice = probe(model, timer)
-        chosen = copy.deepcopy(model).to(DTYPES[choice["dtype"]])  # the compiled step, timed as it would run
+    changed = key not in known
+    if changed:
+        known[key] = probe(model, timer)
+    choice = known[key]
+    if compiled.mode() == "auto" and "compiled" not in choice:  # timed once asked for (BEBOP_COMPILE=auto)
+        chosen = copy.deepcopy(model).to(DTYPES[choice["dtype"]])  # the compiled step, as it would run
         chosen.attention, chosen.linear = tuple(choice["attention"]), choice["linear"]
         choice["compiled"], choice["compiled_ms"], choice["compile_s"] = compile_choice(chosen, timer)
+        changed = True
+    if changed:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, json.dumps(known, indent=1))  # a concurrent reader sees the old file or the new
     return known[key]

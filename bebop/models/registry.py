@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 
 from bebop.errors import BebopError
 from bebop.models.decoder import Decoder
+from bebop.models import compiled
 from bebop.models import dtype as auto_dtype
 from bebop.models.dtype import DTYPES
 
@@ -205,7 +206,7 @@ def load_model(name: str, max_len: int | None = None, dtype: str = "float32"):
         dtype = choice["dtype"] if choice else "float32"
         if choice:
             decoder.attention, decoder.linear = tuple(choice["attention"]), choice["linear"]
-            decoder.compiled = bool(choice.get("compiled"))
+        decoder.compiled = compiled.wanted(bool(choice and choice.get("compiled")))
     else:  # a forced dtype still gets the faster kernels if this machine was probed
         decoder.attention, decoder.linear = probed_kernels(decoder, dtype)
         decoder.compiled = probed_compiled(decoder, dtype)
@@ -233,11 +234,11 @@ def probed_kernels(decoder, dtype: str) -> tuple[tuple[str, str], str]:
 
 
 def probed_compiled(decoder, dtype: str) -> bool:
-    """Whether this machine's probe found the compiled decode step faster for the model in `dtype` (it is
-    timed in the dtype the probe picked only)."""
+    """Whether the model runs compiled in `dtype` (bebop.models.compiled.wanted: BEBOP_COMPILE, and whether
+    this machine's probe found the compiled step faster; it is timed in the dtype the probe picked only)."""
     key = auto_dtype.probe_key(probe_name(decoder.name), decoder.embed.weight.device) if decoder.name else None
     known = auto_dtype.read_cache(cache_dir()).get(key) if key else None
-    return bool(known and known.get("dtype") == dtype and known.get("compiled"))
+    return compiled.wanted(bool(known and known.get("dtype") == dtype and known.get("compiled")))
 
 
 def probe_name(name: str) -> str:
