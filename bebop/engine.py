@@ -411,7 +411,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     max_len = min(need + 1 + K_max, context)
     B = len(prompts) if max_batch is None else min(len(prompts), max_batch)
     if target.compiled:  # every graph this generation meets, compiled before it starts
-        compiled.warm_up(target, B, K_max + 1)
+        compiled.warm_up(target, B, K_max + 1, mtp.feature_layers if spec and mtp.feature_layers else ())
     cache = target.new_cache(B, max_len)
     mcache = mtp.new_cache(B, max_len) if spec else None
     costs = step_costs_for(target, mtp, K_max) if auto and spec else None  # probed, then measured

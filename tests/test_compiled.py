@@ -135,3 +135,24 @@ def test_the_probe_keeps_the_compiled_step_only_where_it_is_faster(monkeypatch, 
         assert got["compiled"] is want and len(got["compiled_ms"]["eager"]) == len(auto_dtype.SHAPES)
         assert auto_dtype.read_cache(tmp_path)[auto_dtype.probe_key(f"model-{factor}", torch.device("cpu"))] == got
     assert tiny_llama[0].compiled is False  # the probe times a copy
+
+
+@pytest.mark.parametrize("mode", ["ar", "spec"])
+def test_a_generation_after_the_warm_up_compiles_nothing(tiny_qwen3, mode):
+    """compiled.warm_up covers every graph a generation meets: a compile inside one would land in its timed or
+    latency-bound part (one did, before duck sizing was turned off: the warm-up's sizes equal by chance became
+    one symbol, and every real generation recompiled on that guard)."""
+    from torch._dynamo.utils import counters
+
+    from bebop.eagle3 import new_eagle3
+    from bebop.engine import generate
+
+    model = copy.deepcopy(tiny_qwen3[0])
+    model.compiled = True
+    draft = new_eagle3(model, 0)  # its verify forwards capture target layers: graphs of their own
+    prompts = [list(range(3, 14)), list(range(20, 33)), list(range(40, 50))]  # > 8 tokens: prefilled eagerly
+    compiled.warm_up(model, len(prompts), 4, draft.feature_layers if mode == "spec" else ())
+    graphs = counters["stats"]["unique_graphs"]
+    for n in (12, 30):  # two cache lengths
+        generate(model, prompts, n, mode=mode, mtp=draft, draft_len=3, seed=n, eos_ids=[], max_batch=len(prompts))
+    assert counters["stats"]["unique_graphs"] == graphs

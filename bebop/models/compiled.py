@@ -79,6 +79,9 @@ def compiled(fn):
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
     torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
     torch._dynamo.config.fail_on_recompile_limit_hit = True
+    # no "duck sizing" (sizes equal when first traced made one symbol): the warm-up's cache had as many blocks
+    # as its batch had rows + 1, and every real generation then recompiled on that guard
+    torch.fx.experimental._config.use_duck_shape = False
     return torch.compile(fn, dynamic=True)
 
 
@@ -110,7 +113,7 @@ def refresh_fast_weights(model) -> None:
 _seen: set = set()
 
 
-def shape_class(model, B: int, T: int) -> tuple:
+def shape_class(model, B: int, T: int, capture: tuple[int, ...] = ()) -> tuple:
     """What torch compiles a graph apart for, roughly: the model's dtype and kernels, one row or more, one new
     token or more, and the row-count ranges of its linear kinds (decoder.linear_rows)."""
     from bebop.models.decoder import linear_rows
@@ -120,7 +123,7 @@ def shape_class(model, B: int, T: int) -> tuple:
         known = model.__dict__["_row_bounds"] = (
             model.linear, [upto for upto, _ in linear_rows(model.linear) if upto != float("inf")])
     return (model.embed.weight.dtype, model.attention, model.linear, id(model.cfg), B == 1, T == 1,
-            tuple(B * T <= upto for upto in known[1]))
+            tuple(B * T <= upto for upto in known[1]), tuple(capture))
 
 
 def layers(model, fn):
@@ -130,7 +133,7 @@ def layers(model, fn):
     step = compiled(fn)
 
     def run(model, tokens, *args):
-        key = shape_class(model, *tokens.shape)
+        key = shape_class(model, *tokens.shape, args[-1])  # (the last argument: the captured layers)
         if key in _seen:
             return step(model, tokens, *args)
         print(f"bebop: compiling the decode step for {tokens.shape[0]} row(s) x {tokens.shape[1]} token(s) "
@@ -145,16 +148,17 @@ def layers(model, fn):
 
 
 @torch.inference_mode()
-def warm_up(model, batch: int, max_new: int) -> None:
+def warm_up(model, batch: int, max_new: int, capture: tuple[int, ...] = ()) -> None:
     """Compile, up front and on a progress bar, every shape class that forwards of up to `batch` rows and
-    `max_new` new tokens per row meet (a generation's rows shrink one by one as they finish), so that no
-    compile lands inside the timed or latency-bound part of a run. Each class once per process."""
+    `max_new` new tokens per row meet (a generation's rows shrink one by one as they finish), capturing the
+    layers `capture` (an EAGLE-3 draft's features), so that no compile lands inside the timed or
+    latency-bound part of a run. Each class once per process."""
     from bebop.models.decoder import DECODE_MAX_T
 
     todo = {}
     for B in range(1, batch + 1):
         for T in range(1, min(max_new, DECODE_MAX_T) + 1):
-            todo.setdefault(shape_class(model, B, T), (B, T))
+            todo.setdefault(shape_class(model, B, T, capture), (B, T))
     todo = {k: bt for k, bt in todo.items() if k not in _seen}
     if not todo:
         return
@@ -163,4 +167,4 @@ def warm_up(model, batch: int, max_new: int) -> None:
         cache = model.new_cache(B, 2 * PAGE_OR_MORE)
         cache.lengths[:] = 1
         _seen.add(key)  # (the bar says it: no line of its own)
-        model(torch.zeros(B, T, dtype=torch.long, device=device), cache)
+        model(torch.zeros(B, T, dtype=torch.long, device=device), cache, capture)
