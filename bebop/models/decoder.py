@@ -453,11 +453,17 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     out = torch.empty_like(query)
     torch.ops._C.cpu_attention_with_kv_cache(query, kc, vc, out, query_start, seq_lens, D ** -0.5, True, None, -1,
                                              block_table, 0.0, schedule, None, None, 1.0, 1.0, "auto")
-    return out.view(B, T, H, D).transpose(1, 2).contiguous()
+    return out.view(B, T, H, D).transpose(1, 2)
 
 
-paged_attention_op = torch.library.custom_op("bebop::paged_attention", mutates_args=("k_cache", "v_cache"))(
-    paged_attention)
+@torch.library.custom_op("bebop::paged_attention", mutates_args=("k_cache", "v_cache"))
+def paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, slots: torch.Tensor, query_start: torch.Tensor, seq_lens: torch.Tensor,
+                       block_table: torch.Tensor, schedule: torch.Tensor, isa: str) -> torch.Tensor:
+    """paged_attention as one op for the compiler, its output laid out contiguously as its fake says (eager
+    keeps the view: no copy)."""
+    return paged_attention(q, k, v, k_cache, v_cache, slots, query_start, seq_lens, block_table, schedule,
+                           isa).contiguous()
 
 
 @paged_attention_op.register_fake

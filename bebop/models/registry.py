@@ -223,11 +223,16 @@ def probed_choice(decoder, name: str) -> dict | None:
     return auto_dtype.choose(decoder, probe_name(name), cache_dir())
 
 
+def probed_entry(decoder) -> dict | None:
+    """This machine's cached probe answer for the model, None where it was never probed."""
+    key = auto_dtype.probe_key(probe_name(decoder.name), decoder.embed.weight.device) if decoder.name else None
+    return auto_dtype.read_cache(cache_dir()).get(key) if key else None
+
+
 def probed_kernels(decoder, dtype: str) -> tuple[tuple[str, str], str]:
     """(attention kernels, linear kind) the probe chose for `dtype` on this machine for this model, or the
     decoder's own where it was never probed (a forced dtype, a copy of the model in another dtype)."""
-    key = auto_dtype.probe_key(probe_name(decoder.name), decoder.embed.weight.device) if decoder.name else None
-    known = auto_dtype.read_cache(cache_dir()).get(key) if key else None
+    known = probed_entry(decoder)
     if not known or dtype not in known["attention_for"]:  # (a dtype whose every kernel raised in the probe)
         return decoder.attention, decoder.linear
     return tuple(known["attention_for"][dtype]), known["linear_for"][dtype]
@@ -236,8 +241,7 @@ def probed_kernels(decoder, dtype: str) -> tuple[tuple[str, str], str]:
 def probed_compiled(decoder, dtype: str) -> bool:
     """Whether the model runs compiled in `dtype` (bebop.models.compiled.wanted: BEBOP_COMPILE, and whether
     this machine's probe found the compiled step faster; it is timed in the dtype the probe picked only)."""
-    key = auto_dtype.probe_key(probe_name(decoder.name), decoder.embed.weight.device) if decoder.name else None
-    known = auto_dtype.read_cache(cache_dir()).get(key) if key else None
+    known = probed_entry(decoder)
     return compiled.wanted(bool(known and known.get("dtype") == dtype and known.get("compiled")))
 
 
