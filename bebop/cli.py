@@ -580,8 +580,11 @@ def add_rl_args(p):
     p.add_argument("--rollout-backend", default=d.rollout_backend,
                    help=f"{'|'.join(BACKENDS)}: the engine that generates rollouts (vllm: EAGLE-3 drafts only, "
                         "default the model's shipped one; its log goes to OUT/vllm.log)")
-    p.add_argument("--draft-len", type=int, default=d.draft_len,
-                   help="draft tokens per step (vLLM's num_speculative_tokens; vLLM has no automatic K)")
+    p.add_argument("--draft-len", type=draft_len_arg, default=d.draft_len,
+                   help="draft tokens per step, or 'auto' (chosen every step by cost, up to --max-draft-len; "
+                        "--rollout-backend vllm needs a number: its num_speculative_tokens)")
+    p.add_argument("--max-draft-len", type=int, default=d.max_draft_len,
+                   help="the largest K --draft-len auto may pick (and the depth an online MTP strategy trains)")
     p.add_argument("--ray", nargs="?", const="local", default=d.ray, metavar="ADDRESS",
                    help="rollout workers as Ray actors (bebop[ray]): no ADDRESS starts a local Ray, 'auto' joins "
                         "the running cluster, or host:port")

@@ -26,8 +26,9 @@ def main():
     ap.add_argument("--draft-len", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--dtype", default="auto", help="auto (as the CLI's default), float32 or bfloat16")
     args = ap.parse_args()
-    model, tok = load_model(args.model)
+    model, tok = load_model(args.model, dtype=args.dtype)
     mtp = default_mtp(model)
     texts = default_prompts(max(args.batch or [1]))
     for b in args.batch or [1]:

@@ -28,8 +28,8 @@ EVAL = [ToyTask(p) for p in ("say bye", "name a tree")]
 
 def small(**kw):
     base = dict(model="tiny-llama", steps=3, prompts_per_step=2, num_generations=3, max_completion_length=10,
-                learning_rate=1e-3, micro_batch_size=4, autocast="off", rollout="spec", eval_prompts=2, threads=2,
-                rollout_dtype="bfloat16")
+                learning_rate=1e-3, micro_batch_size=4, autocast="off", rollout="spec", draft_len=3, eval_prompts=2,
+                threads=2, rollout_dtype="bfloat16")
     return RLConfig(**{**base, **kw})
 
 
@@ -91,10 +91,34 @@ def test_resume_refuses_changed_settings(tmp_path):
     (dict(epsilon=-0.1), "--epsilon must be >= 0"),
     (dict(rollout="ar", mtp_strategy="online-kl"), "needs a speculative --rollout"),
     (dict(async_mode="one-step", threads=1), "needs --threads >= 2"),
+    (dict(draft_len=0), "--draft-len must be >= 1 or 'auto' for --rollout spec"),
+    (dict(draft_len="3"), "--draft-len must be an integer or 'auto'"),
+    (dict(draft_len="auto", max_draft_len=0), "--max-draft-len must be >= 1"),
+    (dict(draft_len="auto", rollout_backend="vllm"), "--rollout-backend vllm needs a fixed --draft-len"),
 ])
 def test_bad_options(change, message):
     with pytest.raises(BebopError, match=message):
         small(**change).validate()
+
+
+def test_auto_draft_len_reaches_the_engine_and_bounds_the_online_training_depth(tmp_path, monkeypatch):
+    """--draft-len auto: rollouts ask the engine for auto K up to --max-draft-len, each step logs the K it drafted
+    on average, and an online MTP strategy trains to that most (a fixed K trains to K)."""
+    import bebop.rl.pipeline as pipeline
+
+    asked = []
+
+    def spy(*args, **kw):
+        asked.append((kw["draft_len"], kw["max_draft_len"]))
+        return generate(*args, **kw)
+
+    generate = pipeline.generate
+    monkeypatch.setattr(pipeline, "generate", spy)
+    cfg = small(steps=1, draft_len="auto", max_draft_len=2, mtp_strategy="online-e2e-tv")
+    _, rows = run(cfg, tmp_path / "auto")
+    assert asked and set(asked) == {("auto", 2)}
+    assert "mean_draft_len" in rows[0] and (rows[0]["mean_draft_len"] is None or 0 < rows[0]["mean_draft_len"] <= 2)
+    assert cfg.draft_depth == 2 and small(draft_len=3).draft_depth == 3
 
 
 def test_worker_mtp_drafts_for_the_synced_weights():
@@ -105,7 +129,7 @@ def test_worker_mtp_drafts_for_the_synced_weights():
     policy, _ = load_model("tiny-qwen3")  # untied head: the MTP must follow lm_head, not the embedding
     mtp = new_mtp(policy, seed=1)
     mtp.set_draft_vocab(torch.arange(0, 200, 2))
-    worker = LocalWorker(model_spec(policy, mtp, "float32"), "float32", "spec", 3, 1.0)
+    worker = LocalWorker(model_spec(policy, mtp, "float32"), "float32", "spec", 3, 3, 1.0)
     with torch.no_grad():
         policy.lm_head.weight.add_(1.0)
     worker.load_weights(policy_state(policy), mtp_state(mtp), 5)
@@ -150,7 +174,7 @@ def test_rollout_worker_runs_the_kernels_probed_for_its_dtype(tmp_path, monkeypa
 
     policy = tiny_llama_probed(tmp_path, monkeypatch, ["folded", "matmul"], "packed", fp32_attention=["sdpa", "matmul"])
     mtp = new_mtp(policy, seed=1)
-    worker = LocalWorker(model_spec(policy, mtp, "bfloat16"), "bfloat16", "spec", 2, 1.0)
+    worker = LocalWorker(model_spec(policy, mtp, "bfloat16"), "bfloat16", "spec", 2, 2, 1.0)
     assert worker.model.attention == ("folded", "matmul") and worker.model.linear == "packed"
     assert all(m.kind == "packed" for m in worker.mtp.modules() if isinstance(m, Linear))  # the MTP multiplies alike
     assert policy.attention == ("sdpa", "sdpa") and policy.linear == "plain"  # the fp32 policy is untouched
@@ -167,7 +191,7 @@ def test_sync_check_on_amx_linears_passes_after_each_sync_and_catches_a_stale_co
     if not cpu.amx_bf16_linears():
         pytest.skip(f"this CPU ({cpu.describe()}) has no AMX bf16 linears (vLLM installed: {cpu.vllm_cpu_ops()})")
     policy = tiny_llama_probed(tmp_path, monkeypatch, ["sdpa", "sdpa"], "amx")
-    worker = LocalWorker(model_spec(policy, None, "bfloat16"), "bfloat16", "ar", 0, 1.0)
+    worker = LocalWorker(model_spec(policy, None, "bfloat16"), "bfloat16", "ar", 0, 0, 1.0)
     assert worker.model.linear == "amx"
     probe = list(range(3, 40))
     for version in range(3):
@@ -191,13 +215,13 @@ def test_the_sync_check_allows_what_bf16_rounding_costs_a_sharp_policy_and_catch
     from bebop.rl.pipeline import SYNC_PROBE_TOL, LocalWorker, check_sync, model_spec, policy_state
 
     policy, _ = load_model("tiny-llama")
-    worker = LocalWorker(model_spec(policy, None, "bfloat16"), "bfloat16", "ar", 0, 1.0)
+    worker = LocalWorker(model_spec(policy, None, "bfloat16"), "bfloat16", "ar", 0, 0, 1.0)
     worker.load_weights(policy_state(policy), {}, 0)
     calm = check_sync(worker, policy, list(range(3, 40)), "bfloat16", float("inf"))
     assert calm["sync_probe_error"] <= SYNC_PROBE_TOL["bfloat16"] and calm["sync_rounding_gap"] is None
     with torch.no_grad():
         policy.norm.weight.mul_(128.0)  # the logits scale with the final norm's weight
-    worker = LocalWorker(model_spec(policy, None, "bfloat16"), "bfloat16", "ar", 0, 1.0)
+    worker = LocalWorker(model_spec(policy, None, "bfloat16"), "bfloat16", "ar", 0, 0, 1.0)
     worker.load_weights(policy_state(policy), {}, 0)
     probe = list(range(3, 40))
     ok = check_sync(worker, policy, probe, "bfloat16", float("inf"))

@@ -43,7 +43,8 @@ class RLConfig:
     rollout_backend: str = "bebop"  # bebop's engine, or vLLM (bebop.rl.vllm_worker; EAGLE-3 drafts only)
     ray: str | None = None  # None: no Ray; "local": start a local cluster; else an address to join ("auto")
     rollout_workers: int = 1  # rollout actors under Ray, the thread budget split between them
-    draft_len: int = 3
+    draft_len: int | str = "auto"  # drafts per step, or "auto": chosen every step by cost (bebop.autodraft)
+    max_draft_len: int = 3  # the largest K "auto" may pick
     mtp_strategy: str = "frozen"
     mtp_learning_rate: float = 1e-4
     async_mode: str = "off"
@@ -57,6 +58,11 @@ class RLConfig:
     @property
     def clip_high(self) -> float:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    @property
+    def draft_depth(self) -> int:
+        """The deepest draft a rollout makes: what an online MTP strategy trains to (a fixed K, or auto's most)."""
+        return self.max_draft_len if self.draft_len == "auto" else self.draft_len
 
     def total_threads(self) -> int:
         return self.threads or len(os.sched_getaffinity(0))
@@ -83,8 +89,15 @@ class RLConfig:
                 raise BebopError(f"--{flag(name)} must be >= 0, got {getattr(self, name)}")
         if self.epsilon_high is not None and not self.epsilon_high >= 0:
             raise BebopError(f"--epsilon-high must be >= 0, got {self.epsilon_high}")
-        if self.rollout != "ar" and self.draft_len < 1:
-            raise BebopError(f"--draft-len must be >= 1 for --rollout {self.rollout}, got {self.draft_len}")
+        if self.draft_len != "auto" and (isinstance(self.draft_len, bool) or not isinstance(self.draft_len, int)):
+            raise BebopError(f"--draft-len must be an integer or 'auto', got {self.draft_len!r}")
+        if self.rollout != "ar" and self.draft_len != "auto" and self.draft_len < 1:
+            raise BebopError(f"--draft-len must be >= 1 or 'auto' for --rollout {self.rollout}, got {self.draft_len}")
+        if self.max_draft_len < 1:
+            raise BebopError(f"--max-draft-len must be >= 1, got {self.max_draft_len}")
+        if self.rollout_backend == "vllm" and self.rollout != "ar" and self.draft_len == "auto":
+            raise BebopError("--rollout-backend vllm needs a fixed --draft-len (vLLM's num_speculative_tokens; "
+                             "it has no automatic K)")
         if self.rollout == "ar" and self.mtp_strategy != "frozen":
             raise BebopError(f"--mtp-strategy {self.mtp_strategy} needs a speculative --rollout (spec or spec-greedy)")
         if self.rollout_workers < 1:

@@ -68,7 +68,8 @@ class RolloutWorker:
     """Generates completions with its own copy of the weights. `load_weights` copies weights in (any dtype);
     `generate` returns plain data."""
 
-    def __init__(self, spec: dict, dtype: str, rollout: str, draft_len: int, temperature: float):
+    def __init__(self, spec: dict, dtype: str, rollout: str, draft_len: int | str, max_draft_len: int,
+                 temperature: float):
         self.model = Decoder(spec["cfg"], max_len=4096).to(spec["device"], DTYPES[dtype]).eval().requires_grad_(False)
         self.model.name, self.model.eos_ids = spec["name"], spec["eos_ids"]
         self.model.attention, self.model.linear = spec["attention"], spec["linear"]
@@ -79,7 +80,8 @@ class RolloutWorker:
             self.mtp.requires_grad_(False).eval()
             ids = spec["mtp"]["vocab_ids"]
             self.mtp.set_draft_vocab(torch.tensor(ids) if ids else None)
-        self.rollout, self.draft_len, self.params = rollout, draft_len, SamplingParams(temperature)
+        self.rollout, self.draft_len, self.max_draft_len = rollout, draft_len, max_draft_len
+        self.params = SamplingParams(temperature)
         self.version = -1
 
     @torch.no_grad()
@@ -104,7 +106,7 @@ class RolloutWorker:
     def generate(self, prompts: list[list[int]], max_new_tokens: int, seed: int) -> dict:
         t0 = time.perf_counter()
         g = generate(self.model, prompts, max_new_tokens, self.params, mode=self.rollout, mtp=self.mtp,
-                     draft_len=self.draft_len, seed=seed)
+                     draft_len=self.draft_len, max_draft_len=self.max_draft_len, seed=seed)
         return {"tokens": [r.tokens for r in g.rollouts], "logprobs": [r.logprobs for r in g.rollouts],
                 "entropies": [r.entropies for r in g.rollouts], "stats": g.stats.summary(),
                 "version": self.version, "rollout_s": time.perf_counter() - t0}
@@ -116,7 +118,7 @@ def token_logprobs(logits: torch.Tensor, ids: list[int]) -> list[float]:
     return logp.gather(-1, torch.tensor(ids[1:], device=logits.device).unsqueeze(-1)).squeeze(-1).tolist()
 
 
-def worker_main(spec, dtype, rollout, draft_len, temperature, threads, shared_policy, shared_mtp, inbox, outbox,
+def worker_main(spec, dtype, rollout, draft_len, max_draft_len, temperature, threads, shared_policy, shared_mtp, inbox, outbox,
                 vllm_args=None):
     """The worker process: a RolloutWorker (or, with `vllm_args`, a VllmRolloutWorker whose log goes to
     vllm_args["log"]) serving plain-data requests until 'stop'."""
@@ -124,7 +126,7 @@ def worker_main(spec, dtype, rollout, draft_len, temperature, threads, shared_po
     retain_freed_memory()  # a spawned process: malloc starts untuned here (bebop.memory)
     try:
         if vllm_args is None:
-            worker = RolloutWorker(spec, dtype, rollout, draft_len, temperature)
+            worker = RolloutWorker(spec, dtype, rollout, draft_len, max_draft_len, temperature)
         else:
             from bebop.rl.vllm_worker import VllmRolloutWorker
 
@@ -170,7 +172,7 @@ class WorkerProcess:
         self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
         self.proc = ctx.Process(target=worker_main, daemon=True,
                                 args=(model_spec(policy, mtp, dtype), dtype, cfg.rollout, cfg.draft_len,
-                                      cfg.temperature, threads, self.shared_policy, self.shared_mtp,
+                                      cfg.max_draft_len, cfg.temperature, threads, self.shared_policy, self.shared_mtp,
                                       self.inbox, self.outbox, vllm_args))
         self.proc.start()
         self.reply()
@@ -430,7 +432,7 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
         worker = WorkerProcess(policy, mtp, cfg, rollout_dtype, total // 2)
     else:
         worker = LocalWorker(model_spec(policy, mtp, rollout_dtype), rollout_dtype, cfg.rollout, cfg.draft_len,
-                             cfg.temperature)
+                             cfg.max_draft_len, cfg.temperature)
     rows = []
     try:
         worker.load_weights(policy_state(policy), mtp_state(mtp), start)
@@ -506,7 +508,8 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
             row = {"step": step + 1, "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
                    "entropy_mean": ent, "acceptance_rate": stats["acceptance_rate"],
                    "mean_acceptance_length": stats["mean_acceptance_length"],
-                   "per_position_acceptance": stats["per_position_acceptance"], "tokens": n_tok,
+                   "per_position_acceptance": stats["per_position_acceptance"],
+                   "mean_draft_len": stats["mean_draft_len"], "tokens": n_tok,
                    "completion_length_mean": n_tok / len(samples), "rollout_s": got["rollout_s"],
                    "reward_s": reward_s, "train_s": train_s, "mtp_train_s": mtp_train_s, "sync_s": sync_s, **sync,
                    "wait_s": wait_s if one_step else None, "step_s": step_s,

@@ -30,13 +30,13 @@ RESTART_TIMEOUT_S = 120
 class RolloutActor:
     """One rollout worker of either backend inside a Ray actor, with its own thread budget."""
 
-    def __init__(self, spec, dtype, rollout, draft_len, temperature, threads, vllm_args):
+    def __init__(self, spec, dtype, rollout, draft_len, max_draft_len, temperature, threads, vllm_args):
         torch.set_num_threads(threads)
         retain_freed_memory()
         if vllm_args is None:
             from bebop.rl.pipeline import RolloutWorker
 
-            self.worker = RolloutWorker(spec, dtype, rollout, draft_len, temperature)
+            self.worker = RolloutWorker(spec, dtype, rollout, draft_len, max_draft_len, temperature)
         else:
             from bebop.rl.vllm_worker import VllmRolloutWorker
 
@@ -120,7 +120,7 @@ class RayWorkers:
             args = None if vllm_args is None else {k: v for k, v in vllm_args.items() if k != "log"} | {"first_core": i * threads}
             where = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=i)
             self.actors.append(actor.options(scheduling_strategy=where).remote(
-                spec, dtype, cfg.rollout, cfg.draft_len, cfg.temperature, threads, args))
+                spec, dtype, cfg.rollout, cfg.draft_len, cfg.max_draft_len, cfg.temperature, threads, args))
         self.weights, self.restarts, self.pending = None, 0, None
         self._call_all("pid")  # every actor up (a failing start is one error line here)
 

@@ -138,7 +138,7 @@ def mtp_step(mtp, opt, policy, samples: list[Sample], cfg: RLConfig, use_bf16: b
             captured = None if captured is None else captured.float()
             lse = (policy.logits(hidden).float() / cfg.temperature).logsumexp(-1)
         q_logits, p, labels, mask = depth_tensors(mtp, tokens, plen + clen, plen, hidden, lse, captured,
-                                                  cfg.draft_len, cfg.temperature)
+                                                  cfg.draft_depth, cfg.temperature)
         if len(mask) == 0:
             continue
         loss = loss_value(name, q_logits, p, labels, mask) * len(part) / len(samples)
