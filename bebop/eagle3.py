@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from bebop.errors import BebopError
-from bebop.models.decoder import Block, Decoder, Linear, RMSNorm
+from bebop.models.decoder import Block, Decoder, Linear, RMSNorm, set_linear
 from bebop.mtp import MTP, MTPConfig
 
 N_FEATURE_LAYERS = 3  # vLLM's and SGLang's fc is [d, 3d]
@@ -76,7 +76,7 @@ class Eagle3(MTP):
             return
         w = self.lm_head.weight
         self.lm_head = Linear(w.shape[1], len(self.head_weight), bias=False).to(w.device, w.dtype)
-        self.lm_head.kind = self.fc.kind  # (set_linear: as the target multiplies)
+        set_linear(self.lm_head, self.fc.kind)  # as the rest of the draft multiplies (its kernel per row count too)
         with torch.no_grad():
             self.lm_head.weight.copy_(self.head_weight)
 

@@ -261,3 +261,18 @@ def test_an_export_is_studied_and_trained_through_rl(tmp_path, capsys):
     rows = run_rl(cfg, tmp_path / "rl", policy, tok, [Task()] * 4, [Task()], draft, progress=False)
     assert len(rows) == 2 and all(r["mtp_train_s"] > 0 and 0 <= r["acceptance_rate"] <= 1 for r in rows)
     assert not torch.equal(draft.lm_head.weight, before)  # the draft's own head trained
+
+
+def test_a_reduced_draft_vocabulary_keeps_the_drafts_kernels(tiny_llama):
+    """set_draft_vocab builds the draft's head anew: it multiplies with the kernels the rest of the draft uses, a
+    kernel per row count included (it fell back to the plain product before)."""
+    model, _ = tiny_llama
+    model.linear = "plain:1,packed"
+    try:
+        draft = new_eagle3(model, seed=0)
+        draft.set_draft_vocab(VOCAB)
+        assert draft.lm_head.weight.shape[0] == len(VOCAB)
+        assert (draft.lm_head.kind, draft.lm_head.rows) == (draft.fc.kind, draft.fc.rows) == \
+            ("plain:1,packed", ((1, "plain"), (float("inf"), "packed")))
+    finally:
+        model.linear = "plain"
