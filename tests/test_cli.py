@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from bebop.autodraft import COST_FILE
 from bebop.cli import main
 from bebop.data import DEFAULT_MIX
 from bebop.models.registry import load_model
@@ -45,7 +46,7 @@ def test_generate_auto_draft_len_through_a_small_batch(tmp_path, capsys, monkeyp
     stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert stats["tokens"] == sum(len(x["tokens"]) for x in lines)
     assert stats["steps"] == 0 or 0 < stats["mean_draft_len"] <= 2
-    assert (tmp_path / "draft-costs-v3.json").exists()
+    assert (tmp_path / COST_FILE).exists()
 
 
 def test_bench_json(tmp_path, capsys):
