@@ -10,6 +10,9 @@ exactly max_new_tokens instead, so all modes do the same amount of work.
 plain decoding and `vllm-spec` vLLM with the draft's EAGLE-3 export, each an engine kept alive in its own
 process (bebop.integrations.vllm.VllmEngine) and timed by its own `generate` call: same prompts (chat template),
 seeds, EOS handling and dtype; while one side runs the other waits, so each has the machine's cores.
+A bebop mode with the suffix `-compiled` (`ar-compiled`, `spec-compiled`) runs it on the compiled decode and
+verify step (bebop.models.compiled), interleaved with the eager modes of the same run, which then run eager
+whatever BEBOP_COMPILE says: the comparison that decides whether compiling pays in the engine.
 Every figure is recorded with what it depends on (`environment`).
 """
 
@@ -22,6 +25,8 @@ from bebop.autodraft import probe_buckets
 from bebop.engine import DEFAULT_MAX_DRAFT_LEN, SpecStats, generate
 from bebop.models import cpu
 from bebop.sampling import SamplingParams
+
+COMPILED = "-compiled"  # the mode suffix for the compiled step
 
 
 def environment(model) -> dict:
@@ -68,6 +73,8 @@ def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: li
               hf_model=None, tokenizer=None, ignore_eos: bool = False, vllm: dict | None = None) -> list[dict]:
     """`vllm`: {"vllm": VllmEngine, "vllm-spec": VllmEngine} for the vLLM modes requested."""
     eos_ids = [] if ignore_eos else list(model.eos_ids)
+    loaded = model.compiled
+    compared = any(m.endswith(COMPILED) for m in modes)  # then the other modes run eager
 
     def run(mode, bs, rep, max_new_tokens=max_new_tokens):
         # each repetition takes the next prompts (every mode gets the same ones): at batch 1 a single prompt
@@ -83,13 +90,17 @@ def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: li
                               accepted=r["accepted"], accepted_at=r["accepted_at"]) if r["drafts"] else None
             return r["seconds"], sum(map(len, r["tokens"])), stats
         else:
-            g = generate(model, batch, max_new_tokens, params, mode=mode, mtp=mtp, draft_len=draft_len,
-                         seed=seed + rep, eos_ids=eos_ids)
+            model.compiled = mode.endswith(COMPILED) if compared else loaded
+            try:
+                g = generate(model, batch, max_new_tokens, params, mode=mode.removesuffix(COMPILED), mtp=mtp,
+                             draft_len=draft_len, seed=seed + rep, eos_ids=eos_ids)
+            finally:
+                model.compiled = loaded
             tokens, stats = g.stats.tokens, g.stats
         return time.perf_counter() - start, tokens, stats
 
     for bs in batch_sizes:  # warm-up: first calls at a batch size pay for allocation, lazy initialisation and,
-        for mode in modes:  # in vLLM, compiling for that size
+        for mode in modes:  # in vLLM and the -compiled modes, compiling for that size
             run(mode, bs, 0, max_new_tokens=min(max_new_tokens, 8))
     if draft_len == "auto" and any(m.startswith("spec") for m in modes):  # and auto's one-off cost probes
         probe_buckets(model, mtp, max(batch_sizes), DEFAULT_MAX_DRAFT_LEN)

@@ -273,7 +273,7 @@ def start_vllm(args, model, mtp, modes: list[str], tmp: Path) -> dict:
 
 
 def cmd_bench(args):
-    from bebop.bench import environment, format_table, run_bench
+    from bebop.bench import COMPILED, environment, format_table, run_bench
     from bebop.engine import MODES as ENGINE_MODES
     from bebop.models.registry import chat_ids, load_hf
     from bebop.tasks import default_prompts, load_prompts_file
@@ -281,7 +281,7 @@ def cmd_bench(args):
     params = sampling_params(args)
     batch_sizes = number_list(args.batch_sizes)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    known = (*ENGINE_MODES, "hf", "vllm", "vllm-spec")
+    known = (*ENGINE_MODES, *(m + COMPILED for m in ENGINE_MODES), "hf", "vllm", "vllm-spec")
     bad = [m for m in modes if m not in known]
     if bad or not modes:
         raise BebopError(f"unknown mode(s) {bad or modes}: choose from {', '.join(known)}")
@@ -670,7 +670,8 @@ def build_parser():
     p.add_argument("--batch-sizes", default="1,4,16")
     p.add_argument("--modes", default="ar,spec,spec-greedy",
                    help="any of ar, spec, spec-greedy, hf (transformers), vllm (vLLM's plain decoding), vllm-spec "
-                        "(vLLM with the draft's EAGLE-3 export; vLLM has no auto K: it drafts --draft-len, 3 for auto)")
+                        "(vLLM with the draft's EAGLE-3 export; vLLM has no auto K: it drafts --draft-len, 3 for auto); "
+                        "ar-compiled, spec-compiled: on the compiled decode step, against the others run eager")
     p.add_argument("--prompts", help="JSONL prompts (default: built-in held-out task prompts)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", help="write the results here")
