@@ -2,9 +2,10 @@
 KV cache (Decoder.forward with `compiled` set, up to DECODE_MAX_T new tokens per row), as gpt-fast compiles its
 one-token decode step and vLLM its forward. Off unless asked for, with BEBOP_COMPILE: "auto" has the dtype
 probe (bebop.models.dtype) time it against eager and keep it where it is 5% faster, "1" turns it on, "0" (the
-default) keeps eager. Off by default because on the machines measured it took 3-9% off a target forward
-(examples/compiled_step.py) for 20-30 s of compiling per shape class, about ten classes for a generation of
-64 rows, and 2.5 minutes of compile probe on a cold cache, against issue 23's 60 s to a first generation.
+default) keeps eager. It took 3-9% off a lone target forward (examples/compiled_step.py) and 9-12% off `ar`
+generations at 1, 16 and 64 rows (`bebop bench --modes ar,ar-compiled`, one run, Intel Xeon with AMX); off
+by default for its compile time: 30-100 s for the first shape class on a cold cache, a few seconds for each
+further one, and 2.5 minutes of compile probe, against issue 23's 60 s to a first generation.
 
 Shapes are dynamic: one graph serves every batch size above 1 and every cache length, while torch specialises
 size 1 (one row, one new token) and the layers' kernel per row count (decoder.linear_rows) splits the rest by
