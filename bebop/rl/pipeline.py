@@ -118,8 +118,8 @@ def token_logprobs(logits: torch.Tensor, ids: list[int]) -> list[float]:
     return logp.gather(-1, torch.tensor(ids[1:], device=logits.device).unsqueeze(-1)).squeeze(-1).tolist()
 
 
-def worker_main(spec, dtype, rollout, draft_len, max_draft_len, temperature, threads, shared_policy, shared_mtp, inbox, outbox,
-                vllm_args=None):
+def worker_main(spec, dtype, rollout, draft_len, max_draft_len, temperature, threads, shared_policy, shared_mtp,
+                inbox, outbox, vllm_args=None):
     """The worker process: a RolloutWorker (or, with `vllm_args`, a VllmRolloutWorker whose log goes to
     vllm_args["log"]) serving plain-data requests until 'stop'."""
     torch.set_num_threads(threads)
