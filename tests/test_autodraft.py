@@ -136,7 +136,8 @@ def test_step_costs_are_probed_once_and_cached(tiny_llama, tmp_path, monkeypatch
     mtp = new_mtp(model, 0)
     monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
     probes, probe = [], autodraft.probe_costs
-    monkeypatch.setattr(autodraft, "probe_costs", lambda *a, **k: probes.append(a[2]) or probe(*a, **k))
+    # (taken as consistent: a tiny model's sub-millisecond steps may well come out inconsistent, tested below)
+    monkeypatch.setattr(autodraft, "probe_costs", lambda *a, **k: probes.append(a[2]) or (probe(*a, **k)[0], True))
     costs = step_costs(model, mtp, 3, 2)
     assert len(costs) == 3 and all(c > 0 for c in costs) and probes == [4]  # batch 3 probed as its bucket, 4
     assert step_costs(model, mtp, 4, 2) == costs and probes == [4]  # from the file
@@ -147,6 +148,41 @@ def test_step_costs_are_probed_once_and_cached(tiny_llama, tmp_path, monkeypatch
     (tmp_path / autodraft.COST_FILE).write_text("{not json")  # a broken cache is re-probed, not an error
     assert len(step_costs(model, mtp, 1, 2)) == 3
     assert [bucket(b) for b in (1, 2, 3, 16, 17)] == [1, 2, 4, 16, 32]
+
+
+def test_a_probe_that_contradicts_itself_is_used_but_not_kept(tiny_llama, tmp_path, monkeypatch):
+    """Noise that makes a step with more drafts come out cheaper than one with fewer (a busy host) marks the
+    probe inconsistent: this process uses it, the disk cache does not keep it, the next process probes again."""
+    model, _ = tiny_llama
+    mtp = new_mtp(model, 0)
+
+    def timer_for(seconds):  # each timed step (rep 0: K = 0, 1, 2, then rep 1: ...) takes the next of `seconds`
+        it, now, calls = iter(seconds), [0.0], [0]
+
+        def timer():
+            calls[0] += 1
+            if calls[0] % 2 == 0:  # a step's end
+                now[0] += next(it)
+            return now[0]
+        return timer
+
+    costs, consistent = autodraft.probe_costs(model, mtp, 2, 2, repeats=2, timer=timer_for([1, 2, 3, 5, 2, 3]))
+    assert consistent and costs == [1.0, 2.0, 3.0]  # one slow repetition is what the minimum is for
+    costs, consistent = autodraft.probe_costs(model, mtp, 2, 2, repeats=2, timer=timer_for([3, 2, 4, 3, 2, 4]))
+    assert not consistent and costs == [3.0, 3.0, 4.0]  # K = 1 beat K = 0: noise; the costs stay monotone
+
+    monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
+    monkeypatch.setattr(autodraft, "_unsaved", {})
+    probes, probe = [], autodraft.probe_costs
+    verdict = iter([False, True])
+    monkeypatch.setattr(autodraft, "probe_costs",
+                        lambda *a, **k: probes.append(a[2]) or (probe(*a, **k)[0], next(verdict)))
+    first = step_costs(model, mtp, 2, 2)
+    assert step_costs(model, mtp, 2, 2) == first and probes == [2]  # used for the rest of this process
+    assert not (tmp_path / autodraft.COST_FILE).exists()  # never kept
+    monkeypatch.setattr(autodraft, "_unsaved", {})  # a new process
+    step_costs(model, mtp, 2, 2)
+    assert probes == [2, 2] and (tmp_path / autodraft.COST_FILE).exists()  # probed again, consistent: kept
 
 
 def test_generate_with_auto_draft_len(tiny_qwen3, tmp_path, monkeypatch):
