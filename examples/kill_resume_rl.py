@@ -1,5 +1,6 @@
 """SIGKILL a tiny `bebop rl --save-every 1` run at random steps, `--resume` after each kill, and check that the final
 checkpoint equals an uninterrupted run's bit for bit (policy, online-trained MTP) with one metrics row per step.
+A fixed --draft-len: with auto, K follows measured step times, so no two runs draw the same samples.
 
     OMP_NUM_THREADS=1 python examples/kill_resume_rl.py [SEED] [KILLS]
 
@@ -23,7 +24,8 @@ from safetensors.torch import load_file
 
 STEPS = 16
 ARGS = ["rl", "--model", "tiny-llama", "--task", "arithmetic", "--steps", str(STEPS), "--prompts-per-step", "2",
-        "--num-generations", "2", "--max-completion-length", "8", "--rollout", "spec", "--mtp-strategy", "online-kl",
+        "--num-generations", "2", "--max-completion-length", "8", "--rollout", "spec", "--draft-len", "3",
+        "--mtp-strategy", "online-kl",
         "--async-mode", "off", "--threads", "1", "--autocast", "off",  # rollout dtype: auto (fp32 here), kept on resume
         "--eval-prompts", "2", "--save-every", "1", "--seed", "0"]
 BEBOP = [sys.executable, "-m", "bebop.cli"]
