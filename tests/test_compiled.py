@@ -156,3 +156,47 @@ def test_a_generation_after_the_warm_up_compiles_nothing(tiny_qwen3, mode):
     for n in (12, 30):  # two cache lengths
         generate(model, prompts, n, mode=mode, mtp=draft, draft_len=3, seed=n, eos_ids=[], max_batch=len(prompts))
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_a_shape_class_compiles_in_one_pass(vllm_model_dir):
+    """dynamo traces each graph once: a float it traced as a symbol (a norm's eps, which vLLM's rms_norm takes)
+    made it restart after a whole inductor compile, doubling every compile (bebop.models.compiled.compiled)."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    from bebop.models.registry import load_model
+
+    model, _ = load_model(vllm_model_dir, dtype="auto")
+    model = copy.deepcopy(model)
+    model.compiled = True
+    compilation_time_metrics.clear()
+    cache = model.new_cache(2, 40)
+    cache.lengths[:] = 3
+    with torch.inference_mode():
+        model(torch.zeros(2, 1, dtype=torch.long), cache)
+    attempts = [k for k in compilation_time_metrics if k.startswith("compile_attempt_")]
+    assert attempts == ["compile_attempt_0"], attempts
+
+
+def test_the_stack_compiles_whole_when_it_captures_layers(monkeypatch):
+    """An EAGLE-3 draft's verify forward captures target layers. Compiled with dynamic shapes, indices above 1
+    (0 and 1 are specialised) were symbols that `i in capture` matched to none, and the stack fell back, without
+    a word, to a graph per layer, slower than eager. Now it compiles whole (or raises: fullgraph) and captures
+    what eager captures."""
+    from bebop.models import registry
+
+    monkeypatch.setitem(registry.TINY["tiny-llama"], "num_hidden_layers", 4)
+    model, _ = registry.load_model("tiny-llama")
+    capture = (2, -1, 3)  # any order, as a draft's config may list them
+    out = {}
+    for flag in (False, True):
+        model.compiled = False
+        cache = model.new_cache(2, 40)
+        model(torch.arange(3, 15).view(2, 6), cache)  # eager prefill
+        cache.lengths[:] = 6
+        model.compiled = flag
+        with torch.inference_mode():
+            out[flag] = model(torch.tensor([[7, 8], [9, 10]]), cache, capture)
+    model.compiled = False
+    (hidden, features), (hidden_c, features_c) = out[False], out[True]
+    assert features.shape == (2, 2, 3 * model.cfg.dim)
+    assert torch.allclose(hidden, hidden_c, atol=1e-5) and torch.allclose(features, features_c, atol=1e-5)

@@ -41,6 +41,11 @@ VLLM_OPS = False  # cpu.vllm_cpu_ops(), as the compiled code reads it (register_
 
 MODES = ("0", "auto", "1")
 
+# inductor's compiled code next to bebop's other caches (~/.cache/bebop or $BEBOP_CACHE), unless set: torch fixes
+# the directory when torch._dynamo is first imported, so this is set on import, before any model loads
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
+    os.environ.get("BEBOP_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "bebop")), "inductor"))
+
 
 def mode() -> str:
     """BEBOP_COMPILE: "0" eager (the default), "auto" the probe decides, "1" compiled."""
@@ -72,9 +77,6 @@ def register_kernels() -> None:
 def compiled(fn):
     """`fn` compiled once per process (every model and shape shares it; torch keys graphs by their guards)."""
     register_kernels()
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # the compiled code next to bebop's other caches
-        from bebop.models.registry import cache_dir
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
     # a generation meets a handful of graphs, a test session or a probe dozens (dtypes, kernels, models); past
     # the limit torch would run eagerly without a word, so the limit is high and hitting it raises
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
@@ -83,7 +85,11 @@ def compiled(fn):
     # no "duck sizing" (sizes equal when first traced made one symbol): the warm-up's cache had as many blocks
     # as its batch had rows + 1, and every real generation then recompiled on that guard
     torch.fx.experimental._config.use_duck_shape = False
-    return torch.compile(fn, dynamic=True)
+    # Python floats (the norms' eps) as constants: traced as symbols, the one that vLLM's rms_norm takes could
+    # not become a tensor, and dynamo restarted its analysis after a whole inductor compile, so every graph
+    # compiled twice (21-32 s of 31-45 s per graph for smollm2-135m, its second pass from the cache)
+    torch._dynamo.config.specialize_float = True
+    return torch.compile(fn, dynamic=True, fullgraph=True)
 
 
 def fast_linears(model) -> list:

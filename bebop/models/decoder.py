@@ -581,12 +581,15 @@ def run_layers(model: Decoder, tokens, cos, sin, k_caches, v_caches, positions, 
     """Decoder.forward after its positions, bias and rope: the embedding and the layer stack (what
     bebop.models.compiled compiles)."""
     x = model.embed(tokens)
-    kept = {-1: x} if -1 in capture else {}
+    outputs = [x]  # the embeddings, then each layer's output: capture index i is outputs[i + 1]
     for i, layer in enumerate(model.layers):
         x = layer(x, cos, sin, k_caches[i], v_caches[i], positions, rows, bias, model.attention)
-        if i in capture:
-            kept[i] = x
-    return (x, torch.cat([kept[i] for i in capture], -1)) if capture else x
+        if capture:
+            outputs.append(x)
+    # (indexing, not `i in capture`: compiled with dynamic shapes the indices are symbols, which indexing turns
+    # into constants the graph is guarded on, where `in` matched none and the stack fell back to one graph per
+    # layer)
+    return (x, torch.cat([outputs[i + 1] for i in capture], -1)) if capture else x
 
 
 def convert_hf_state_dict(sd: dict, cfg: DecoderConfig) -> dict:
