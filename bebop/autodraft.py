@@ -118,6 +118,7 @@ def step_costs(target, mtp, batch: int, max_k: int) -> list[float]:
     key = "|".join([str(target.name or f"dim{target.cfg.dim}x{target.cfg.n_layers}"),
                     str(target.embed.weight.dtype), str(target.embed.weight.device.type), machine(),
                     f"attention={','.join(target.attention)}", f"linear={target.linear}",
+                    f"compiled={int(target.compiled)}",
                     f"draft_vocab={len(mtp.vocab_ids) or target.cfg.vocab_size}", f"draft={mtp.arch}",
                     f"mtp_layers={len(mtp.blocks)}",
                     f"feature_layers={len(mtp.feature_layers)}", f"batch={b}"])
@@ -255,7 +256,7 @@ def step_costs_for(target, mtp, max_k: int) -> StepCosts:
     once per call. Per call, the two forced plain steps per batch bucket cost a draining 32-row RL batch up to
     12 plain steps (buckets 32 down to 1) out of its ~60."""
     kept = mtp.__dict__.setdefault("_step_costs", {})
-    key = (id(target), str(target.embed.weight.dtype), tuple(target.attention), target.linear, max_k)
+    key = (id(target), str(target.embed.weight.dtype), tuple(target.attention), target.linear, target.compiled, max_k)
     if key not in kept:
         kept[key] = StepCosts(target, mtp, max_k)
     return kept[key]

@@ -306,6 +306,26 @@ def test_step_costs_are_kept_across_generate_calls(tiny_llama, tmp_path, monkeyp
     assert autodraft.step_costs_for(other, mtp, 2) is not first
 
 
+def test_compiled_and_eager_steps_have_costs_of_their_own(tiny_llama, tmp_path, monkeypatch):
+    """The compiled step makes the target's forward cheaper and leaves the draft's as it was, so K pays
+    otherwise: its costs are probed, kept on disk and measured apart from eager's (a bench interleaves both)."""
+    import copy
+
+    model = copy.deepcopy(tiny_llama[0])
+    mtp = new_mtp(model, 0)
+    monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
+    probes = []
+    monkeypatch.setattr(autodraft, "probe_costs",
+                        lambda target, *a, **k: probes.append(target.compiled) or ([1.0, 2.0, 3.0], True))
+    eager = autodraft.step_costs_for(model, mtp, 2)
+    for flag in (False, True, False, True):
+        model.compiled = flag
+        step_costs(model, mtp, 4, 2)
+    assert probes == [False, True]  # once each, then from the file
+    assert len(json.loads((tmp_path / autodraft.COST_FILE).read_text())) == 2
+    assert autodraft.step_costs_for(model, mtp, 2) is not eager
+
+
 def test_a_dear_measurement_fades_back_to_the_estimate_once_old(monkeypatch):
     """A K measured dear is not chosen again, so its measurement cannot be corrected by new ones: once
     `refresh` steps old it fades (by `forget` a step) towards what the plain steps and the probe say."""
