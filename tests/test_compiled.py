@@ -200,3 +200,31 @@ def test_the_stack_compiles_whole_when_it_captures_layers(monkeypatch):
     (hidden, features), (hidden_c, features_c) = out[False], out[True]
     assert features.shape == (2, 2, 3 * model.cfg.dim)
     assert torch.allclose(hidden, hidden_c, atol=1e-5) and torch.allclose(features, features_c, atol=1e-5)
+
+
+def test_a_capturing_forward_on_smollm2_runs_compiled(smollm2):
+    """An EAGLE-3 draft's verify forward on the default model over vLLM's kernels (bf16; rms_norm reads each
+    layer's output): concatenated inside the graph, the captured outputs made inductor hand a buffer on while
+    the next norm still read it, and the generated code failed on the freed name (every spec-compiled shape
+    of smollm2-135m; not on the tiny models). The graph now returns them and the caller concatenates."""
+    model = copy.deepcopy(smollm2[0]).to(torch.bfloat16)
+    if not paged_runs(torch.bfloat16, torch.device("cpu"), model.cfg.head_dim):
+        pytest.skip(f"vLLM's CPU attention does not run on this CPU ({cpu.describe()})")
+    model.attention = (PAGED, PAGED)
+    model.linear = "onednn" if "onednn" in linear_kinds(torch.bfloat16, torch.device("cpu")) else "plain"
+    capture = (1, 14, 26)  # the shipped draft's
+    tokens = smollm2[1]("Once upon a time there was a little robot who", return_tensors="pt")["input_ids"]
+    out = {}
+    for flag in (False, True):
+        model.compiled = False
+        cache = model.new_cache(1, 64)
+        with torch.inference_mode():
+            model(tokens[:, :-2], cache)  # eager prefill
+            cache.lengths[:] = tokens.shape[1] - 2
+            model.compiled = flag
+            out[flag] = model(tokens[:, -2:], cache, capture)
+    model.compiled = False
+    (hidden, features), (hidden_c, features_c) = out[False], out[True]
+    assert features.shape == features_c.shape == (1, 2, 3 * model.cfg.dim)
+    for e, c in ((hidden, hidden_c), (features, features_c)):
+        assert ((e - c).float().norm() / e.float().norm()) < 0.05  # bf16 rounding: ~0.01

@@ -546,7 +546,8 @@ class Decoder(nn.Module):
         layers = run_layers
         if self.compiled and tokens.shape[1] <= DECODE_MAX_T:
             layers = compiled.layers(self, run_layers)
-        return layers(self, tokens, cos, sin, cache.k, cache.v, positions, rows, bias, capture)
+        out = layers(self, tokens, cos, sin, cache.k, cache.v, positions, rows, bias, capture)
+        return (out[0], torch.cat(out[1], -1)) if capture else out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden)).float()
@@ -579,7 +580,8 @@ class Decoder(nn.Module):
 
 def run_layers(model: Decoder, tokens, cos, sin, k_caches, v_caches, positions, rows, bias, capture):
     """Decoder.forward after its positions, bias and rope: the embedding and the layer stack (what
-    bebop.models.compiled compiles)."""
+    bebop.models.compiled compiles). Returns the last hidden states, and with `capture` also the list of the
+    captured layers' outputs."""
     x = model.embed(tokens)
     outputs = [x]  # the embeddings, then each layer's output: capture index i is outputs[i + 1]
     for i, layer in enumerate(model.layers):
@@ -588,8 +590,10 @@ def run_layers(model: Decoder, tokens, cos, sin, k_caches, v_caches, positions, 
             outputs.append(x)
     # (indexing, not `i in capture`: compiled with dynamic shapes the indices are symbols, which indexing turns
     # into constants the graph is guarded on, where `in` matched none and the stack fell back to one graph per
-    # layer)
-    return (x, torch.cat([outputs[i + 1] for i in capture], -1)) if capture else x
+    # layer. The caller concatenates: compiled, a concatenation of layer outputs that the next layer's vLLM
+    # rms_norm also reads made inductor hand a captured output's buffer on while that norm still read it, and
+    # the generated code failed on the name)
+    return (x, [outputs[i + 1] for i in capture]) if capture else x
 
 
 def convert_hf_state_dict(sd: dict, cfg: DecoderConfig) -> dict:
