@@ -38,7 +38,7 @@ from itertools import islice
 import torch
 from tqdm import tqdm
 
-from bebop.autodraft import Acceptance, choose_draft_len, step_costs_for
+from bebop.autodraft import Acceptance, bucket, choose_draft_len, step_costs_for
 from bebop.errors import BebopError
 from bebop.models import compiled
 from bebop.models.decoder import Decoder
@@ -410,8 +410,10 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     # the end of the context K shrinks instead, so a request that fits the context never fails
     max_len = min(need + 1 + K_max, context)
     B = len(prompts) if max_batch is None else min(len(prompts), max_batch)
-    if target.compiled:  # every graph this generation meets, compiled before it starts
-        compiled.warm_up(target, B, K_max + 1, mtp.feature_layers if spec and mtp.feature_layers else ())
+    if target.compiled:  # every graph this generation meets, compiled before it starts (auto K's cost probe
+        # runs a batch bucket's rows, which may be more than B)
+        compiled.warm_up(target, bucket(B) if auto and spec else B, K_max + 1,
+                         mtp.feature_layers if spec and mtp.feature_layers else ())
     cache = target.new_cache(B, max_len)
     mcache = mtp.new_cache(B, max_len) if spec else None
     costs = step_costs_for(target, mtp, K_max) if auto and spec else None  # probed, then measured

@@ -8,6 +8,7 @@ test_models.py's test_kv_cache_layers_share_no_storage is what guards that cause
 step: tests/test_engine.py."""
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -137,13 +138,15 @@ def test_the_probe_keeps_the_compiled_step_only_where_it_is_faster(monkeypatch, 
     assert tiny_llama[0].compiled is False  # the probe times a copy
 
 
-@pytest.mark.parametrize("mode", ["ar", "spec"])
-def test_a_generation_after_the_warm_up_compiles_nothing(tiny_qwen3, mode):
+@pytest.mark.parametrize("mode", ["ar", "spec", "spec-auto"])
+def test_a_generation_after_the_warm_up_compiles_nothing(tiny_qwen3, mode, tmp_path, monkeypatch):
     """compiled.warm_up covers every graph a generation meets: a compile inside one would land in its timed or
     latency-bound part (one did, before duck sizing was turned off: the warm-up's sizes equal by chance became
-    one symbol, and every real generation recompiled on that guard)."""
+    one symbol, and every real generation recompiled on that guard; with auto K, the tokens of a step that
+    drafts fewer than the most are a view with the row stride of the longest, and recompiled on it)."""
     from torch._dynamo.utils import counters
 
+    from bebop import engine
     from bebop.eagle3 import new_eagle3
     from bebop.engine import generate
 
@@ -151,10 +154,16 @@ def test_a_generation_after_the_warm_up_compiles_nothing(tiny_qwen3, mode):
     model.compiled = True
     draft = new_eagle3(model, 0)  # its verify forwards capture target layers: graphs of their own
     prompts = [list(range(3, 14)), list(range(20, 33)), list(range(40, 50))]  # > 8 tokens: prefilled eagerly
-    compiled.warm_up(model, len(prompts), 4, draft.feature_layers if mode == "spec" else ())
+    monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))  # (auto K's cost probe)
+    compiled.warm_up(model, len(prompts), 4, draft.feature_layers if mode != "ar" else ())
     graphs = counters["stats"]["unique_graphs"]
+    K = "auto" if mode == "spec-auto" else 3
+    if K == "auto":  # every K from 0 to 3 in turn
+        monkeypatch.setattr(engine, "choose_draft_len", lambda *a, **k: next(ks))
+        ks = itertools.cycle(range(4))
     for n in (12, 30):  # two cache lengths
-        generate(model, prompts, n, mode=mode, mtp=draft, draft_len=3, seed=n, eos_ids=[], max_batch=len(prompts))
+        generate(model, prompts, n, mode=mode.removesuffix("-auto"), mtp=draft, draft_len=K, max_draft_len=3,
+                 seed=n, eos_ids=[], max_batch=len(prompts))
     assert counters["stats"]["unique_graphs"] == graphs
 
 

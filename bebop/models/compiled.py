@@ -4,8 +4,8 @@ one-token decode step and vLLM its forward. Off unless asked for, with BEBOP_COM
 probe (bebop.models.dtype) time it against eager and keep it where it is 5% faster, "1" turns it on, "0" (the
 default) keeps eager. It took 3-9% off a lone target forward (examples/compiled_step.py) and 9-12% off `ar`
 generations at 1, 16 and 64 rows (`bebop bench --modes ar,ar-compiled`, one run, Intel Xeon with AMX); off
-by default for its compile time: 30-100 s for the first shape class on a cold cache, a few seconds for each
-further one, and 2.5 minutes of compile probe, against issue 23's 60 s to a first generation.
+by default for its compile time: smollm2-135m's 30-layer graph takes 42-65 s per shape class on a cold cache
+and 11-13 s on a warm one (most of it dynamo tracing the stack again), and a generation meets several.
 
 Shapes are dynamic: one graph serves every batch size above 1 and every cache length, while torch specialises
 size 1 (one row, one new token) and the layers' kernel per row count (decoder.linear_rows) splits the rest by
@@ -140,6 +140,10 @@ def layers(model, fn):
     step = compiled(fn)
 
     def run(model, tokens, *args):
+        # (a step that drafts fewer than the most passes a view of its token buffer; the graphs are guarded on
+        # strides, so a view would compile one of its own inside the generation. A copy, as .contiguous()
+        # keeps the stride of a size-1 view)
+        tokens = tokens.clone(memory_format=torch.contiguous_format)
         key = shape_class(model, *tokens.shape, args[-1])  # (the last argument: the captured layers)
         if key in _seen:
             return step(model, tokens, *args)
