@@ -237,3 +237,22 @@ def test_a_capturing_forward_on_smollm2_runs_compiled(smollm2):
     assert features.shape == features_c.shape == (1, 2, 3 * model.cfg.dim)
     for e, c in ((hidden, hidden_c), (features, features_c)):
         assert ((e - c).float().norm() / e.float().norm()) < 0.05  # bf16 rounding: ~0.01
+
+
+def test_over_a_paged_cache_one_graph_serves_one_row_and_one_token_too(vllm_model_dir):
+    """With a paged cache, sizes of 1 are traced as any other size: one graph for every batch size and number of
+    new tokens within one linear kind (one kind here, so one graph). Specialised, one row and one new token each
+    had graphs of their own; rope's roll and the attention's [B, H, T, D] output guarded on T = 1 even so."""
+    from torch._dynamo.utils import counters
+
+    from bebop.models.registry import load_model
+
+    model = copy.deepcopy(load_model(vllm_model_dir, dtype="float32")[0]).to(torch.bfloat16)
+    if not paged_runs(torch.bfloat16, torch.device("cpu"), model.cfg.head_dim):
+        pytest.skip(f"vLLM's CPU attention does not run on this CPU ({cpu.describe()})")
+    model.attention, model.linear = (PAGED, PAGED), "plain"
+    graphs = counters["stats"]["unique_graphs"]
+    for B, T in ((3, 2), (1, 1), (3, 1), (1, 3), (5, 4)):
+        eager, comp = distributions(model, batch=B, steps=(T,))
+        assert (eager[0] - comp[0]).abs().sum(-1).max() < 0.05  # bf16 rounding
+    assert counters["stats"]["unique_graphs"] - graphs == 1

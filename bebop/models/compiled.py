@@ -7,9 +7,10 @@ generations at 1, 16 and 64 rows (`bebop bench --modes ar,ar-compiled`, one run,
 by default for its compile time: smollm2-135m's 30-layer graph takes 42-65 s per shape class on a cold cache
 and 11-13 s on a warm one (most of it dynamo tracing the stack again), and a generation meets several.
 
-Shapes are dynamic: one graph serves every batch size above 1 and every cache length, while torch specialises
-size 1 (one row, one new token) and the layers' kernel per row count (decoder.linear_rows) splits the rest by
-row-count range, so a generation meets a handful of graphs. Each compiles once per process on first use, with
+Shapes are dynamic: one graph serves every batch size, number of new tokens and cache length between two of the
+row-count bounds of the layers' kernels (decoder.linear_rows), so a generation meets up to one graph per kernel
+range (4 on the Intel Xeon with AMX). That is over a paged cache; elsewhere torch also specialises size 1 (one
+row, one new token) as it does by default (sizes_of_one_specialised). Each compiles once per process on first use, with
 a line on stderr saying so and how long it took; inductor's graph cache, kept in bebop's cache dir, makes a
 later process load the compiled code instead of building it.
 
@@ -120,16 +121,30 @@ def refresh_fast_weights(model) -> None:
 _seen: set = set()
 
 
+def sizes_of_one_specialised(model) -> bool:
+    """Whether torch compiles one row, and one new token, apart (its default): for every model but one with a
+    paged cache. With a paged cache sizes of 1 are traced as any other size (backed_size_oblivious), and one
+    graph serves every shape between two of the linear kinds' row-count bounds: 4 graphs in a generation at
+    16 rows, where there were 8-11. Traced so, sizes are taken to be >= 2, and anything whose layout depends on
+    a size being 1 guards and splits the graphs again (decoder.apply_rope, decoder.paged_attention_op). On the
+    SDPA path inductor's layout check for the attention's inputs fails on such sizes, so it keeps the default."""
+    from bebop.models.decoder import PAGED
+
+    return model.attention[0] != PAGED
+
+
 def shape_class(model, B: int, T: int, capture: tuple[int, ...] = ()) -> tuple:
-    """What torch compiles a graph apart for, roughly: the model's dtype and kernels, one row or more, one new
-    token or more, and the row-count ranges of its linear kinds (decoder.linear_rows)."""
+    """What torch compiles a graph apart for, roughly: the model's dtype and kernels, one row or more and one new
+    token or more (sizes_of_one_specialised), and the row-count ranges of its linear kinds
+    (decoder.linear_rows)."""
     from bebop.models.decoder import linear_rows
 
     known = model.__dict__.get("_row_bounds")
     if known is None or known[0] != model.linear:
         known = model.__dict__["_row_bounds"] = (
             model.linear, [upto for upto, _ in linear_rows(model.linear) if upto != float("inf")])
-    return (model.embed.weight.dtype, model.attention, model.linear, id(model.cfg), B == 1, T == 1,
+    ones = (B == 1, T == 1) if sizes_of_one_specialised(model) else ()
+    return (model.embed.weight.dtype, model.attention, model.linear, id(model.cfg), *ones,
             tuple(B * T <= upto for upto in known[1]), tuple(capture))
 
 
@@ -145,17 +160,23 @@ def layers(model, fn):
         # keeps the stride of a size-1 view)
         tokens = tokens.clone(memory_format=torch.contiguous_format)
         key = shape_class(model, *tokens.shape, args[-1])  # (the last argument: the captured layers)
-        if key in _seen:
-            return step(model, tokens, *args)
-        print(f"bebop: compiling the decode step for {tokens.shape[0]} row(s) x {tokens.shape[1]} token(s) "
-              "(once per process and shape class; cached on disk)", file=sys.stderr, flush=True)
-        start = time.perf_counter()
-        out = step(model, tokens, *args)
+        with size_oblivious(model):  # (read only while a graph is traced, but any call may trace one)
+            if key in _seen:
+                return step(model, tokens, *args)
+            print(f"bebop: compiling the decode step for {tokens.shape[0]} row(s) x {tokens.shape[1]} token(s) "
+                  "(once per process and shape class; cached on disk)", file=sys.stderr, flush=True)
+            start = time.perf_counter()
+            out = step(model, tokens, *args)
         _seen.add(key)
         print(f"bebop: compiled in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
         return out
 
     return run
+
+
+def size_oblivious(model):
+    """How this model's graphs trace sizes of 1 (sizes_of_one_specialised), as a setting to run them under."""
+    return torch.fx.experimental._config.patch(backed_size_oblivious=not sizes_of_one_specialised(model))
 
 
 @torch.inference_mode()

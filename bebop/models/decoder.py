@@ -141,9 +141,11 @@ def rope_tables(cfg: DecoderConfig, max_len: int):
 def apply_rope(x, cos, signed_sin):
     """x [B, H, T, D]; cos/signed_sin [B, 1, T, D]. The 'rotate half' convention of transformers' Llama,
     x * cos + cat(-x2, x1) * sin, written as x * cos + cat(x2, x1) * cat(-sin, sin): the sign moved into the
-    table makes the rotation one roll instead of two slices, a negation and a cat, with bit-identical results
-    (tests/test_models.py), 4 us less per layer at batch 1."""
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
+    table makes the rotation one cat of the two halves instead of two slices, a negation and a cat, with
+    bit-identical results (tests/test_models.py). (x.roll(half, -1) is the same cat; compiled, its decomposition
+    copies in a layout that depends on whether B or T is 1, and every graph was guarded on it.)"""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([x[..., half:], x[..., :half]], -1) * signed_sin
 
 
 def packs_weights(dtype: torch.dtype, device: torch.device) -> bool:
@@ -450,7 +452,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                                             v.transpose(1, 2).reshape(B * T, n_kv, D), kc, vc, slots, isa, 1.0, 1.0,
                                             "auto")
     query = q.transpose(1, 2).reshape(B * T, H, D)
-    out = torch.empty_like(query)
+    out = query.new_empty(query.shape)  # contiguous: [B, T, H, D] below, whatever layout q came in
     torch.ops._C.cpu_attention_with_kv_cache(query, kc, vc, out, query_start, seq_lens, D ** -0.5, True, None, -1,
                                              block_table, 0.0, schedule, None, None, 1.0, 1.0, "auto")
     return out.view(B, T, H, D).transpose(1, 2)
@@ -460,15 +462,16 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
 def paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                        v_cache: torch.Tensor, slots: torch.Tensor, query_start: torch.Tensor, seq_lens: torch.Tensor,
                        block_table: torch.Tensor, schedule: torch.Tensor, isa: str) -> torch.Tensor:
-    """paged_attention as one op for the compiler, its output laid out contiguously as its fake says (eager
-    keeps the view: no copy)."""
-    return paged_attention(q, k, v, k_cache, v_cache, slots, query_start, seq_lens, block_table, schedule,
-                           isa).contiguous()
+    """paged_attention as one op for the compiler: [B, H, T, D] as a view of the kernel's [B, T, H, D] output,
+    as its fake says. (Laid out as [B, H, T, D] instead, the heads' outputs had to be transposed back for the
+    output projection, and whether that needs a copy depends on T = 1: every graph was guarded on it.)"""
+    return paged_attention(q, k, v, k_cache, v_cache, slots, query_start, seq_lens, block_table, schedule, isa)
 
 
 @paged_attention_op.register_fake
 def _(q, *args):
-    return q.new_empty(q.shape)
+    B, H, T, D = q.shape
+    return q.new_empty(B, T, H, D).transpose(1, 2)
 
 
 def step_positions(cache: KVCache, T: int, n_heads: int = 0):
@@ -541,12 +544,12 @@ class Decoder(nn.Module):
         With `compiled` set, decode and verify forwards (up to DECODE_MAX_T new tokens) run the layers through
         torch.compile (bebop.models.compiled); prompts run eagerly."""
         positions, bias = step_positions(cache, tokens.shape[1], self.cfg.n_heads)
-        cos, sin = self.rope(positions)
-        rows = torch.arange(tokens.shape[0], device=tokens.device).unsqueeze(1)
+        if not isinstance(bias, PagedStep):
+            bias = bias[:, 0]  # [B, T, S]: run_layers puts the heads' axis back (see there)
         layers = run_layers
         if self.compiled and tokens.shape[1] <= DECODE_MAX_T:
             layers = compiled.layers(self, run_layers)
-        out = layers(self, tokens, cos, sin, cache.k, cache.v, positions, rows, bias, capture)
+        out = layers(self, tokens, cache.k, cache.v, positions, bias, capture)
         return (out[0], torch.cat(out[1], -1)) if capture else out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -578,10 +581,16 @@ class Decoder(nn.Module):
         return model.to(next(hf_model.parameters()).dtype).eval().requires_grad_(False)
 
 
-def run_layers(model: Decoder, tokens, cos, sin, k_caches, v_caches, positions, rows, bias, capture):
-    """Decoder.forward after its positions, bias and rope: the embedding and the layer stack (what
+def run_layers(model: Decoder, tokens, k_caches, v_caches, positions, bias, capture):
+    """Decoder.forward after its positions and bias: the rope, the embedding and the layer stack (what
     bebop.models.compiled compiles). Returns the last hidden states, and with `capture` also the list of the
     captured layers' outputs."""
+    # (the rope, the row indices and the bias's axis of heads are made here, so that their broadcast dimensions
+    # of size 1 are constants of a compiled graph: as inputs their size would be a symbol, not taken to be 1)
+    cos, sin = model.rope(positions)
+    rows = torch.arange(tokens.shape[0], device=tokens.device).unsqueeze(1)
+    if not isinstance(bias, PagedStep):
+        bias = bias.unsqueeze(1)  # [B, 1, T, S]
     x = model.embed(tokens)
     outputs = [x]  # the embeddings, then each layer's output: capture index i is outputs[i + 1]
     for i, layer in enumerate(model.layers):
