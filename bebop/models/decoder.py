@@ -544,8 +544,6 @@ class Decoder(nn.Module):
         With `compiled` set, decode and verify forwards (up to DECODE_MAX_T new tokens) run the layers through
         torch.compile (bebop.models.compiled); prompts run eagerly."""
         positions, bias = step_positions(cache, tokens.shape[1], self.cfg.n_heads)
-        if not isinstance(bias, PagedStep):
-            bias = bias[:, 0]  # [B, T, S]: run_layers puts the heads' axis back (see there)
         layers = run_layers
         if self.compiled and tokens.shape[1] <= DECODE_MAX_T:
             layers = compiled.layers(self, run_layers)
@@ -585,12 +583,10 @@ def run_layers(model: Decoder, tokens, k_caches, v_caches, positions, bias, capt
     """Decoder.forward after its positions and bias: the rope, the embedding and the layer stack (what
     bebop.models.compiled compiles). Returns the last hidden states, and with `capture` also the list of the
     captured layers' outputs."""
-    # (the rope, the row indices and the bias's axis of heads are made here, so that their broadcast dimensions
-    # of size 1 are constants of a compiled graph: as inputs their size would be a symbol, not taken to be 1)
+    # (the rope and the row indices are made here, so that their broadcast dimensions of size 1 are constants of
+    # a compiled graph: as inputs over a paged cache their size would be a symbol, not taken to be 1)
     cos, sin = model.rope(positions)
     rows = torch.arange(tokens.shape[0], device=tokens.device).unsqueeze(1)
-    if not isinstance(bias, PagedStep):
-        bias = bias.unsqueeze(1)  # [B, 1, T, S]
     x = model.embed(tokens)
     outputs = [x]  # the embeddings, then each layer's output: capture index i is outputs[i + 1]
     for i, layer in enumerate(model.layers):
