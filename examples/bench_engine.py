@@ -16,10 +16,10 @@ import time
 
 import torch
 
-from bebop.engine import generate
+from bebop.engine.generation import generate
 from bebop.models.cpu import cpu_model
 from bebop.models.registry import chat_ids, load_model
-from bebop.mtp import default_mtp
+from bebop.drafts.mtp import default_mtp
 from bebop.sampling import SamplingParams
 from bebop.tasks import default_prompts
 

@@ -5,7 +5,7 @@
 
 `--draft` is an EAGLE-3 directory (`bebop export`). bebop generates one prompt at a time (batch 1, fixed K);
 vLLM gets them all (its acceptance does not depend on the batch: both sample exactly). vLLM runs in its own
-process (bebop.integrations.vllm), on all cores, after bebop has finished.
+process (bebop.backends.vllm.engine), on all cores, after bebop has finished.
 """
 
 import argparse
@@ -15,11 +15,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bebop.bench import merge
-from bebop.engine import SpecStats, generate
+from bebop.studies.bench import merge
+from bebop.engine.generation import SpecStats, generate
 from bebop.models import cpu
 from bebop.models.registry import chat_ids, hf_dir, load_model
-from bebop.mtp import load_mtp
+from bebop.drafts.mtp import load_mtp
 from bebop.sampling import SamplingParams
 from bebop.tasks import load_prompts_file
 
@@ -46,7 +46,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         ids = Path(tmp) / "prompts.jsonl"
         ids.write_text("".join(json.dumps({"prompt_ids": x}) + "\n" for x in prompts))
-        proc = subprocess.run([sys.executable, "-m", "bebop.integrations.vllm", "--model", str(hf_dir(args.model)),
+        proc = subprocess.run([sys.executable, "-m", "bebop.backends.vllm.engine", "--model", str(hf_dir(args.model)),
                                "--draft", args.draft, "--prompts", str(ids), "--num-speculative-tokens",
                                str(args.draft_len), "--temperature", str(args.temperature), "--max-tokens",
                                str(args.max_new_tokens), "--seed", str(args.seed)], capture_output=True, text=True)

@@ -7,7 +7,7 @@ compiles): tokens per second of each pass.
 import json
 import time
 
-from bebop.engine import generate
+from bebop.engine.generation import generate
 from bebop.models.registry import chat_ids, load_model
 from bebop.sampling import SamplingParams
 

@@ -10,11 +10,11 @@ import json
 
 import torch
 
-from bebop.data import load_meta, load_split
-from bebop.features import TargetFeatures
+from bebop.training.data import load_meta, load_split
+from bebop.training.features import TargetFeatures
 from bebop.models.registry import load_model
-from bebop.mtp import load_mtp
-from bebop.train_mtp import feature_store, teacher_forced_eval
+from bebop.drafts.mtp import load_mtp
+from bebop.training.train import feature_store, teacher_forced_eval
 
 parser = argparse.ArgumentParser()
 parser.add_argument("mtps", nargs="+")

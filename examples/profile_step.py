@@ -12,9 +12,9 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bebop.engine import generate
+from bebop.engine.generation import generate
 from bebop.models.registry import chat_ids, load_model
-from bebop.mtp import default_mtp
+from bebop.drafts.mtp import default_mtp
 from bebop.sampling import SamplingParams
 from bebop.tasks import default_prompts
 

@@ -13,7 +13,7 @@ import json
 import random
 from pathlib import Path
 
-from bebop.engine import generate
+from bebop.engine.generation import generate
 from bebop.models.registry import load_model
 from bebop.sampling import SamplingParams
 from bebop.tasks import mixed_tasks

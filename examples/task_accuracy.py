@@ -13,9 +13,9 @@ import argparse
 import json
 import time
 
-from bebop.engine import generate
+from bebop.engine.generation import generate
 from bebop.models.registry import chat_ids, load_model
-from bebop.rl.pipeline import wilson
+from bebop.rl.loop import wilson
 from bebop.sampling import SamplingParams
 from bebop.tasks import TASKS, rewards, rl_tasks
 

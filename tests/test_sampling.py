@@ -386,8 +386,8 @@ def test_tiny_temperatures_are_greedy_never_nan(temperature):
 
 
 def test_tiny_temperature_rollouts_have_finite_logprobs_and_entropies(tiny_llama):
-    from bebop.engine import generate
-    from bebop.mtp import new_mtp
+    from bebop.engine.generation import generate
+    from bebop.drafts.mtp import new_mtp
 
     model, _ = tiny_llama
     for mode in ("ar", "spec"):

@@ -31,12 +31,12 @@ import time
 import torch
 from trl.data_utils import is_conversational
 
-from bebop.engine import MODES, generate
+from bebop.engine.generation import MODES, generate
 from bebop.errors import BebopError
-from bebop.memory import retain_freed_memory
+from bebop.engine.memory import retain_freed_memory
 from bebop.models.decoder import Decoder, convert_hf_state_dict
 from bebop.models.registry import DEFAULT_MODEL, DTYPES, load_model
-from bebop.mtp import MTP, default_mtp, load_mtp, shipped_draft
+from bebop.drafts.mtp import MTP, default_mtp, load_mtp, shipped_draft
 from bebop.sampling import SamplingParams
 
 
@@ -79,13 +79,13 @@ class BebopRollout:
     model: a registry name (`smollm2-135m`, `tiny-llama`, ...), a local model directory, or a transformers model
     (its weights are copied; the trainer's model is the weight source at every sync anyway).
     mode: `spec` (default), `spec-greedy` or `ar`; draft_len: drafts per step, or "auto" (chosen every step by
-    cost, bebop.autodraft); mtp: None (the model's shipped draft,
-    bebop.mtp.default_mtp, else a fresh seeded MTP), a checkpoint path, an EAGLE-3 directory or an MTP module.
+    cost, bebop.engine.draft_len); mtp: None (the model's shipped draft,
+    bebop.drafts.mtp.default_mtp, else a fresh seeded MTP), a checkpoint path, an EAGLE-3 directory or an MTP module.
     dtype: None ("auto" for a name: bfloat16 where this machine runs it faster; the model's own dtype for a
     transformers model) or a dtype name as bebop.models.registry.load_model takes it.
     max_batch: at most this many rows decoding at once (continuous batching); None = all of the call's prompts.
     seed: base of the per-sample seeds; None = the trainer's `args.seed`.
-    backend: "bebop" (bebop's engine, the default) or "vllm": vLLM generates instead (bebop.rl.vllm_worker, in a
+    backend: "bebop" (bebop's engine, the default) or "vllm": vLLM generates instead (bebop.backends.vllm.worker, in a
     process of its own, started at the first call), with the draft's EAGLE-3 export (default: the model's
     shipped EAGLE-3 draft) and a fixed draft_len; every sync writes bebop's copy of the weights into vLLM in
     place and checks that vLLM computes what they compute. The model must be a name or directory vLLM can load."""
@@ -99,7 +99,7 @@ class BebopRollout:
             raise BebopError(f"unknown backend '{backend}' (choose from bebop, vllm)")
         self.backend, self.worker, self.model_dir = backend, None, None
         if backend == "vllm":
-            from bebop.integrations.vllm import installed
+            from bebop.backends.vllm.engine import installed
             from bebop.models.registry import hf_dir
 
             if not installed():
@@ -123,7 +123,7 @@ class BebopRollout:
                     raise BebopError(f"unknown dtype '{dtype}' (choose from {', '.join(DTYPES)})")
                 self.decoder.to(DTYPES[dtype])
         self.mode, self.draft_len, self.max_batch, self.seed, self.progress = mode, draft_len, max_batch, seed, progress
-        retain_freed_memory()  # this process will run the engine (bebop.memory)
+        retain_freed_memory()  # this process will run the engine (bebop.engine.memory)
         self.mtp = None
         if mode != "ar" and backend == "vllm" and mtp is None:
             self.mtp = shipped_draft(self.decoder, "eagle3")
@@ -174,14 +174,14 @@ class BebopRollout:
 
     # ----- vLLM as the engine (backend="vllm") -----
     def start_vllm(self, trainer, probe_ids: list[int]) -> None:
-        """vLLM in a process of its own (bebop.rl.pipeline.WorkerProcess), sampling at the trainer's temperature
+        """vLLM in a process of its own (bebop.rl.loop.WorkerProcess), sampling at the trainer's temperature
         and EOS; its log and the draft's export go to a fresh temporary directory."""
         import os
         import tempfile
 
         from bebop.rl.config import RLConfig
-        from bebop.rl.pipeline import WorkerProcess
-        from bebop.rl.vllm_worker import vllm_args
+        from bebop.rl.loop import WorkerProcess
+        from bebop.backends.vllm.worker import vllm_args
 
         if trainer.top_p != 1.0 or trainer.top_k:
             raise BebopError("backend='vllm' samples with temperature only here: set top_p=1.0 and top_k=0")
@@ -197,8 +197,8 @@ class BebopRollout:
     def sync_vllm(self, step: int, first: bool) -> None:
         """bebop's copy of the weights (just synced) into vLLM (the frozen draft's only at the first sync), then
         the check that vLLM computes what they compute."""
-        from bebop.rl.pipeline import check_sync, mtp_state, policy_state
-        from bebop.rl.vllm_worker import DRAFT_CHECK_TOL
+        from bebop.rl.loop import check_sync, mtp_state, policy_state
+        from bebop.backends.vllm.worker import DRAFT_CHECK_TOL
 
         self.worker.load_weights(policy_state(self.decoder), mtp_state(self.mtp) if first else {}, step)
         check_sync(self.worker, self.decoder, self.probe_ids, self.dtype, DRAFT_CHECK_TOL)

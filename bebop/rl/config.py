@@ -40,10 +40,10 @@ class RLConfig:
     micro_batch_size: int = 4  # sequences per forward/backward; gradients accumulate over the batch
     autocast: str = "auto"  # bf16 autocast over fp32 master weights: auto = whichever a short probe finds faster
     rollout: str = "spec"
-    rollout_backend: str = "bebop"  # bebop's engine, or vLLM (bebop.rl.vllm_worker; EAGLE-3 drafts only)
+    rollout_backend: str = "bebop"  # bebop's engine, or vLLM (bebop.backends.vllm.worker; EAGLE-3 drafts only)
     ray: str | None = None  # None: no Ray; "local": start a local cluster; else an address to join ("auto")
     rollout_workers: int = 1  # rollout actors under Ray, the thread budget split between them
-    draft_len: int | str = "auto"  # drafts per step, or "auto": chosen every step by cost (bebop.autodraft)
+    draft_len: int | str = "auto"  # drafts per step, or "auto": chosen every step by cost (bebop.engine.draft_len)
     max_draft_len: int = 3  # the largest K "auto" may pick
     mtp_strategy: str = "frozen"
     mtp_learning_rate: float = 1e-4

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 from bebop.rl import grpo
 from bebop.rl.config import RLConfig
-from bebop.losses import loss_value
-from bebop.train_mtp import depth_tensors
+from bebop.training.losses import loss_value
+from bebop.training.train import depth_tensors
 
 MTP_LOSS = {"online-ce": "ce", "online-kl": "kl", "online-e2e-tv": "e2e-tv"}
 

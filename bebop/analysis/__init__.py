@@ -1,1 +1,0 @@
-"""Studies built on traces of speculative decoding runs."""

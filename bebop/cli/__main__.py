@@ -1,0 +1,3 @@
+from bebop.cli import main
+
+main()

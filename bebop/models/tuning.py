@@ -1,0 +1,286 @@
+"""`--dtype auto`: run the model in bfloat16 where this machine runs it faster than float32, else float32.
+
+Whether bf16 pays depends on the CPU (the same model decoded 2x faster in bf16 on an AMD EPYC with avx512_bf16
+and 1.4x slower on an Intel Xeon with AMX), and so do the faster decode attention kernel and whether packed
+weights pay (decoder.py), so all are measured: a few interleaved forwards of the actual model, per (dtype,
+attention kernel, linear kind), at batch 1 and 16. Only what this machine can run is timed (bebop.models.cpu:
+no packed bf16 linears without native bf16), and a kernel that raises anyway is dropped with a note. The answer
+is cached in the bebop cache dir, keyed by everything that changes it: CPU model and capability, torch version,
+model name, thread count (and the accelerator's name when the model is on one).
+Only the model runs in bf16: sampling distributions are computed in fp32 (model.logits, bebop.sampling).
+"""
+
+import copy
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+from tqdm import tqdm
+
+from bebop.io import write_text_atomic
+from bebop.errors import BebopError
+from bebop.models import compiled, cpu
+from bebop.models.decoder import (ATTENTION_KINDS, PAGED, Decoder, Linear, amx_weights, onednn_weights, packs_weights,
+                                  paged_runs)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+CACHE_FILE = "dtype-probe-v6.json"  # v2: a kernel for one new token and one for several; v3: linear kind;
+# v4: the AMX linear and paged attention (vLLM's CPU kernels); v5: vLLM's oneDNN linear, kernels per row count;
+# v6: the compiled decode step (bebop.models.compiled)
+# (batch, new tokens per row) of the probe: plain decoding alone and batched, and a K=3 verification step.
+# Batch 16, the smallest batch RL rollouts run at: there the folded kernel took 0.6x SDPA's time for 2-4 new
+# tokens per row on this Intel Xeon, at batch 8 the two tied (so a batch-8 probe chose SDPA)
+SHAPES = ((1, 1), (16, 1), (16, 4))
+PREFIX = 128  # cached tokens per row the probe attends over
+REPEATS = 2
+# the more precise choice (fp32; SDPA's kernel, whose bf16 scores stay fp32) is kept unless the other is at
+# least 5% faster: a probe on a loaded machine should not flip a choice on noise
+MARGIN = 0.95
+# (batch, new tokens per row) at which the fast linear kinds are timed against each other when two or more
+# run (row_choice): 1, 4, 16, 64 and 256 rows per linear (batch x new tokens): plain decoding at batch 1,
+# verification steps of K = 3 at batch 1, 16 and 64
+ROW_SHAPES = ((1, 1), (1, 4), (16, 1), (16, 4), (64, 4))
+ROW_REPEATS = 5
+ROW_CANDIDATE = 0.9  # kinds within 10% of the best single kind over whole forwards compete per row count
+
+
+def probe_key(model_name: str, device: torch.device) -> str:
+    """The cache key: everything the probe's answer depends on. The CPU's capability is in it, so a cache
+    copied from a machine with the same model name but other kernels (a cloud CPU string hides a lot) is
+    probed again, not trusted."""
+    where = f"{cpu.cpu_model()} [{cpu.describe()}]" if device.type == "cpu" else \
+        f"{device.type}:{torch.cuda.get_device_name(device)}" if device.type == "cuda" else device.type
+    return f"{where} | torch {torch.__version__} | {model_name} | {torch.get_num_threads()} threads"
+
+
+def time_forward(model: Decoder, batch: int, new_tokens: int) -> float:
+    """Seconds of one forward of `new_tokens` tokens per row after PREFIX cached ones and its logits (what a
+    decode or verification step costs: the LM head is a fifth of smollm2-135m's weights, and the linear kernels
+    differ most there, 7.0 against 11.5 ms at 64 rows on this Xeon)."""
+    device = model.embed.weight.device
+    cache = model.new_cache(batch, PREFIX + new_tokens)
+    cache.lengths[:] = PREFIX
+    tokens = torch.randint(0, model.cfg.vocab_size, (batch, new_tokens), generator=torch.Generator().manual_seed(0))
+    tokens = tokens.to(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    model.logits(model(tokens, cache))
+    sync()
+    return time.perf_counter() - start
+
+
+def linear_kinds(dtype: torch.dtype, device: torch.device) -> tuple[str, ...]:
+    """The linear kinds this machine can run in `dtype` (decoder.LINEAR_KINDS): packed only where oneDNN packs
+    it, amx only where AMX and vLLM's CPU kernels are, onednn where vLLM's kernels are (bebop.models.cpu)."""
+    return ("plain",) + ("packed",) * packs_weights(dtype, device) + ("amx",) * amx_weights(dtype, device) \
+        + ("onednn",) * onednn_weights(dtype, device)
+
+
+def row_choice(model: Decoder, kinds, default: str, timer=time_forward, repeats: int = ROW_REPEATS) -> tuple[str, dict]:
+    """The linear kind for each row count of ROW_SHAPES: `default` (the whole-forward probe's best single kind),
+    or another of `kinds` where it is 5% faster there; as a linear kind per row count (decoder.linear_rows),
+    e.g. "amx:1,onednn:4,amx:16,onednn"; and the milliseconds measured, {kind: [fastest ms per shape]}. Whole
+    forwards (weights stream from memory as in generation; one layer timed again and again keeps its weight in
+    the cache and favours other kernels). At each shape the kinds run back to back, and a kind is judged by the
+    median over repetitions of its time over the default's in the same repetition: the speed of a shared
+    machine drifts by more than these kernels differ (20-50% between probes minutes apart), a pair of
+    neighbouring forwards much less."""
+    times = {k: [[] for _ in ROW_SHAPES] for k in kinds}
+    saved = model.linear
+    try:
+        with tqdm(total=(repeats + 1) * len(ROW_SHAPES) * len(kinds), desc="linear probe", unit="fwd",
+                  leave=False) as bar:
+            for rep in range(repeats + 1):
+                for j, shape in enumerate(ROW_SHAPES):
+                    for i in range(len(kinds)):
+                        kind = kinds[(i + rep + j) % len(kinds)]
+                        model.linear = kind
+                        t = timer(model, *shape)
+                        bar.update(1)
+                        if rep > 0:  # repetition 0 warms up (and lays the weights out for each kind)
+                            times[kind][j].append(t)
+    finally:
+        model.linear = saved
+    best = []
+    for j in range(len(ROW_SHAPES)):
+        ratio = {k: statistics.median(a / b for a, b in zip(times[k][j], times[default][j])) for k in kinds}
+        fastest = min(ratio, key=ratio.get)
+        best.append(fastest if ratio[fastest] < MARGIN else default)
+    parts = []
+    for j, kind in enumerate(best):  # a kind's range ends where the next row count wants another kind
+        if j + 1 == len(best):
+            parts.append(kind)
+        elif best[j + 1] != kind:
+            parts.append(f"{kind}:{ROW_SHAPES[j][0] * ROW_SHAPES[j][1]}")
+    return ",".join(parts), {k: [round(1e3 * min(ts), 2) for ts in v] for k, v in times.items()}
+
+
+def attention_kinds(dtype: torch.dtype, model: Decoder) -> tuple[str, ...]:
+    """The attention kinds to time in `dtype`: every per-phase kernel, and "paged" (vLLM's CPU attention over
+    a paged cache, for every phase at once) where it runs (decoder.paged_runs)."""
+    runs = paged_runs(dtype, model.embed.weight.device, model.cfg.head_dim)
+    return ATTENTION_KINDS + (PAGED,) * runs
+
+
+def note(text: str) -> None:
+    """One line on stderr, above the probe's progress bar."""
+    tqdm.write(f"bebop: dtype probe: {text}", file=sys.stderr)
+
+
+def probe(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPEATS) -> dict:
+    """Time every (dtype, attention kernel, linear kind) this machine offers (linear_kinds) on every shape,
+    interleaved (each repetition runs every config in a rotated order, after one warm-up pass); each shape's
+    time is its fastest repetition (load from other processes only adds time). A config that raises is dropped
+    from the choice with a one-line note (a kernel the capability queries allowed but the CPU refused).
+    Per dtype and linear kind, the kernel for one new token is the fastest on the shapes with one new token,
+    the kernel for several the fastest on the others (geometric means); paged attention, which serves both
+    phases (its cache layout is its own), replaces that pair where it is 5% faster over all shapes; per dtype, the linear kind is the one
+    whose kernels give the smaller geometric mean over all shapes (packed and plain compute the same products,
+    so the faster simply wins); the dtype is then chosen the same way. Where that kind is not plain and two or
+    more fast kinds ran in that dtype, they are timed against it at the row counts of ROW_SHAPES (with that
+    dtype's attention) and a count goes to another kind where that is 5% faster (row_choice): no one kernel
+    wins at every row count (on this Xeon vLLM's AMX kernel at 1 row, its oneDNN one at 64).
+    Returns {"dtype", "attention": [one-token kernel, few-token kernel], "linear", "attention_for": {dtype:
+    that pair}, "linear_for": {dtype: kind}, "shapes", "ms": {config: [ms per shape]}, "linear_rows_ms":
+    {dtype: {kind: [ms per ROW_SHAPES shape]}}, "capability", "dropped": {config: why}}; a dtype none of whose
+    configs ran is absent from attention_for and linear_for."""
+    models = {"float32": model if model.embed.weight.dtype == torch.float32 else copy.deepcopy(model).float()}
+    models["bfloat16"] = copy.deepcopy(models["float32"]).to(torch.bfloat16)
+    device = model.embed.weight.device
+    if device.type == "cpu" and not cpu.native_bf16():
+        note(f"this CPU ({cpu.describe()}) has no native bf16: bf16 is measured with plain linears (emulated)")
+    configs = [(d, a, lin) for d in DTYPES for lin in linear_kinds(DTYPES[d], device)
+               for a in attention_kinds(DTYPES[d], model)]
+    times = {c: [[] for _ in shapes] for c in configs}
+    dropped = {}
+    saved = model.attention, model.linear
+    try:
+        with tqdm(total=(repeats + 1) * len(configs) * len(shapes), desc="dtype probe", unit="fwd", leave=False) as bar:
+            for rep in range(repeats + 1):
+                for j, shape in enumerate(shapes):
+                    for i in range(len(configs)):
+                        config = configs[(i + rep + j) % len(configs)]
+                        bar.update(1)
+                        if config in dropped:
+                            continue
+                        d, a, lin = config
+                        models[d].attention, models[d].linear = (a, a), lin
+                        try:
+                            t = timer(models[d], *shape)
+                        except Exception as e:  # noqa: BLE001 -- whatever the kernel raised, it cannot run here
+                            dropped[config] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+                            note(f"dropped {'/'.join(config)}: {dropped[config]}")
+                            continue
+                        if rep > 0:  # repetition 0 warms up allocations and kernels
+                            times[config][j].append(t)
+    finally:
+        model.attention, model.linear = saved
+    ms = {c: [1e3 * min(ts) for ts in times[c]] for c in configs if c not in dropped}
+    if not ms:
+        raise BebopError(f"no kernel of this model ran on this machine: {'; '.join(dropped.values())}")
+    phases = [[j for j, (_, t) in enumerate(shapes) if (t > 1) == several] for several in (False, True)]
+
+    def geomean(xs):
+        return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else 1.0
+
+    def kernel(d, lin, phase):  # SDPA, the fused kernel, unless another is clearly faster on this phase's shapes
+        score = {a: geomean([ms[(d, a, lin)][j] for j in phase]) for a in ATTENTION_KINDS if (d, a, lin) in ms}
+        if not score:  # only paged ran
+            return PAGED
+        best = min(score, key=score.get)
+        return best if "sdpa" not in score or score[best] < MARGIN * score["sdpa"] else "sdpa"
+
+    def overall(d, lin, pair):
+        return geomean([ms[(d, pair[shapes[j][1] > 1], lin)][j] for j in range(len(shapes))])
+
+    pairs = {(d, lin): [kernel(d, lin, phase) for phase in phases] for d, _, lin in ms}
+    for (d, lin), pair in pairs.items():  # paged attention serves every phase: it replaces the pair or not
+        if (d, PAGED, lin) in ms and PAGED not in pair \
+                and overall(d, lin, [PAGED, PAGED]) < MARGIN * overall(d, lin, pair):
+            pairs[(d, lin)] = [PAGED, PAGED]
+    ran = [d for d in DTYPES if any(key[0] == d for key in pairs)]
+    linear = {d: min((lin for dd, lin in pairs if dd == d), key=lambda lin: overall(d, lin, pairs[(d, lin)]))
+              for d in ran}
+    score = {d: overall(d, linear[d], pairs[(d, linear[d])]) for d in ran}
+    if len(score) == 2:
+        pick = "bfloat16" if score["bfloat16"] < MARGIN * score["float32"] else "float32"
+    else:
+        (pick,) = score
+    attention_for = {d: pairs[(d, linear[d])] for d in ran}
+    rows_ms = {}
+    for d in ran:
+        best = overall(d, linear[d], pairs[(d, linear[d])])  # kinds within 10% of the best take part
+        fast = [lin for lin in dict.fromkeys(lin for dd, lin in pairs if dd == d) if lin != "plain"
+                and overall(d, lin, pairs[(d, lin)]) < best / ROW_CANDIDATE]
+        if linear[d] != "plain" and len(fast) > 1:
+            models[d].attention = tuple(attention_for[d])
+            try:
+                linear[d], rows_ms[d] = row_choice(models[d], fast, linear[d], timer)
+            finally:
+                models[d].attention = saved[0]
+    return {"dtype": pick, "attention": attention_for[pick], "linear": linear[pick], "attention_for": attention_for,
+            "linear_for": linear, "shapes": [list(s) for s in shapes],
+            "ms": {f"{d}/{a}/{lin}": v for (d, a, lin), v in ms.items()}, "linear_rows_ms": rows_ms,
+            "capability": cpu.describe(), "dropped": {"/".join(c): why for c, why in dropped.items()}}
+
+
+def compile_choice(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPEATS) -> tuple[bool, dict, float]:
+    """Whether the compiled decode step (bebop.models.compiled) pays here, for the chosen dtype and kernels:
+    eager and compiled forwards timed interleaved on every shape after a first compiled pass that compiles
+    them (its seconds are returned: what a process pays once on a cold cache), compiled chosen where its
+    geometric mean is 5% below eager's. A compile that raises keeps eager, with a note. Returns (compiled?,
+    {"eager": [ms per shape], "compiled": [...]}, compile seconds)."""
+    times = {False: [[] for _ in shapes], True: [[] for _ in shapes]}
+    start = time.perf_counter()
+    try:
+        with tqdm(total=(repeats + 1) * 2 * len(shapes), desc="compile probe (compiles first)", unit="fwd",
+                  leave=False) as bar:
+            for rep in range(repeats + 1):
+                for j, shape in enumerate(shapes):
+                    for flag in ((True, False) if rep % 2 else (False, True)):
+                        model.compiled = flag
+                        t = timer(model, *shape)
+                        bar.update(1)
+                        if rep > 0:
+                            times[flag][j].append(t)
+                if rep == 0:
+                    compile_s = time.perf_counter() - start
+    except Exception as e:  # noqa: BLE001 -- whatever the compiler raised, eager stays
+        note(f"the compiled step does not run here, eager stays: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+        return False, {}, 0.0
+    finally:
+        model.compiled = False
+    ms = {("compiled" if flag else "eager"): [round(1e3 * min(ts), 2) for ts in v] for flag, v in times.items()}
+    geomean = {k: math.exp(statistics.fmean(math.log(x) for x in v)) for k, v in ms.items()}
+    return geomean["compiled"] < MARGIN * geomean["eager"], ms, round(compile_s, 1)
+
+
+def read_cache(cache_dir) -> dict:
+    try:
+        return json.loads((cache_dir / CACHE_FILE).read_text())
+    except (OSError, ValueError):  # none yet, or unreadable: probe again
+        return {}
+
+
+def choose(model: Decoder, model_name: str, cache_dir, timer=time_forward) -> dict:
+    """The probe's answer for this model on this machine: from the cache file, else measured and stored."""
+    path = cache_dir / CACHE_FILE
+    key = probe_key(model_name, model.embed.weight.device)
+    known = read_cache(cache_dir)
+    changed = key not in known
+    if changed:
+        known[key] = probe(model, timer)
+    choice = known[key]
+    if compiled.mode() == "auto" and "compiled" not in choice:  # timed once asked for (BEBOP_COMPILE=auto)
+        chosen = copy.deepcopy(model).to(DTYPES[choice["dtype"]])  # the compiled step, as it would run
+        chosen.attention, chosen.linear = tuple(choice["attention"]), choice["linear"]
+        choice["compiled"], choice["compiled_ms"], choice["compile_s"] = compile_choice(chosen, timer)
+        changed = True
+    if changed:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(known, indent=1))  # a concurrent reader sees the old file or the new
+    return known[key]
