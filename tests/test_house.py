@@ -1,0 +1,137 @@
+"""The package's shape, checked from its source: data flows one way through the stages, no import circle (function-level
+imports count), no function a reader cannot hold in one screen, few loose modules, no notebook leftovers."""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "bebop"
+
+# lower stages never import higher ones; a module may import its own stage and any below
+STAGES = [
+    ("errors", "io", "seeds", "sampling", "tasks"),
+    ("models",),
+    ("drafts",),
+    ("engine",),
+    ("backends",),
+    ("training",),
+    ("rl",),
+    ("studies",),
+    ("integrations",),
+    ("cli",),
+]
+MAX_FUNCTION_LINES = 80
+DECLARATIVE = re.compile(r"^(build_parser|add_\w+_args)$")  # argument parsers: a list of flags, read as a table
+MAX_LOOSE_MODULES = 6
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def sources() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def stage(module: str) -> int:
+    top = module.split(".")[1] if "." in module else ""
+    for level, names in enumerate(STAGES):
+        if top in names:
+            return level
+    raise AssertionError(f"{module}: not in any stage of STAGES (add its folder there)")
+
+
+def imports(path: Path, modules: set[str]) -> set[str]:
+    """The bebop modules `path` imports anywhere in it (top level or inside functions)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("bebop.")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("bebop") and not node.level:
+            for a in node.names:  # `from bebop.x import y`: the module bebop.x.y if it is one, else bebop.x
+                found.add(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module)
+    return {m for m in found if m in modules}
+
+
+def import_graph() -> dict[str, set[str]]:
+    src = sources()
+    modules = set(src)
+    return {m: imports(p, modules) - {m} for m, p in src.items() if m != "bebop"}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle():
+    found = circles(import_graph())
+    assert not found, "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_no_import_from_a_lower_stage_to_a_higher_one():
+    upward = sorted(f"{m} -> {d}" for m, deps in import_graph().items() for d in deps if stage(d) > stage(m))
+    assert not upward, "\n".join(upward)
+
+
+def test_no_function_longer_than_a_screen():
+    long = []
+    for module, path in sources().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not DECLARATIVE.match(node.name):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{module}.{node.name}: {n} lines")
+    assert not long, "\n".join(long)
+
+
+def test_few_loose_modules():
+    loose = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(loose) <= MAX_LOOSE_MODULES, loose
+
+
+LEFTOVERS = re.compile(r"NOTES\.md|\b[Ii]ssue[- ]?#?\d+|\b[Ss]ession \d+")
+
+
+def test_no_issue_or_session_numbers_or_private_notes_in_the_package():
+    found = [f"{module_name(p)}:{i}: {line.strip()[:80]}" for p in PACKAGE.rglob("*.py")
+             for i, line in enumerate(p.read_text().splitlines(), 1) if LEFTOVERS.search(line)]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("graph, expected", [
+    ({"a": {"b"}, "b": {"a"}, "c": set()}, [["a", "b"]]),
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+])
+def test_the_circle_finder_finds_circles(graph, expected):
+    assert circles(graph) == expected
