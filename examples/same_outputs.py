@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from safetensors.numpy import load_file
 
 WORK = Path("runs/same-outputs/work")
@@ -55,16 +56,31 @@ def scrub(value):
     return value
 
 
+def tensor_bytes(value):
+    if isinstance(value, torch.Tensor):
+        return hashlib.sha256(value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+    if isinstance(value, dict):
+        return {str(k): tensor_bytes(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
+                if not TIMING.search(str(k))}
+    if isinstance(value, (list, tuple)):
+        return [tensor_bytes(v) for v in value]
+    return value
+
+
 def digest(path: Path) -> str:
     h = hashlib.sha256()
     if path.suffix == ".safetensors":
         for name, array in sorted(load_file(path).items()):
             h.update(name.encode() + str(array.dtype).encode() + str(array.shape).encode() + array.tobytes())
-    elif path.suffix in (".json", ".jsonl"):
+    elif path.suffix == ".json":
+        h.update(json.dumps(scrub(json.loads(path.read_text())), sort_keys=True).encode())
+    elif path.suffix == ".jsonl":
         for line in path.read_text().splitlines():
             if line.strip():
                 h.update(json.dumps(scrub(json.loads(line)), sort_keys=True).encode())
-    elif path.suffix in (".npy", ".bin", ".pt", ".txt", ".csv", ".md"):
+    elif path.suffix == ".pt":  # optimizer state: every tensor and number in it, not the pickle's bytes
+        h.update(repr(tensor_bytes(torch.load(path, weights_only=False))).encode())
+    elif path.suffix in (".npy", ".bin", ".txt", ".csv", ".md"):
         h.update(path.read_bytes())
     else:
         return "(not compared)"
@@ -77,6 +93,10 @@ def run_all() -> dict:
     for name, args in COMMANDS.items():
         print(f"[same-outputs] bebop {' '.join(args)}", file=sys.stderr, flush=True)
         subprocess.run(["bebop", *args], check=True, stdout=subprocess.DEVNULL)
+    return digest_all()
+
+
+def digest_all() -> dict:
     return {str(p.relative_to(WORK)): digest(p) for p in sorted(WORK.rglob("*")) if p.is_file()}
 
 
