@@ -157,8 +157,39 @@ def _compare(fits):
                 intervals_disjoint=bool(disjoint), n=g["n"])
 
 
+def _run_row(t, name, at_depth):
+    """One run's means at the fit depth, its gaps to the oracles, and its means over all depths and per depth."""
+    in_run = t["run"] == name
+    first = int(np.flatnonzero(in_run)[0])
+    row = dict(run=name, policy=str(t["policy"][first]), temperature=float(t["temperature"][first]))
+    row.update(_means(t, in_run & at_depth))
+    row["gap_probabilistic"] = 1.0 - row["alpha"]
+    row["gap_greedy"] = row["target_max_prob"] - row["greedy_accept_prob"]
+    row["all_depths"] = _means(t, in_run)
+    row["by_depth"] = [dict(depth=int(d), **_means(t, in_run & (t["depth"] == d)))
+                       for d in np.unique(t["depth"][in_run])]
+    return row
+
+
+def _entropy_bins(t, at_depth, n_bins):
+    """Means per target-entropy bin: one set of edges shared by the pooled view and every policy, so the curves
+    can be compared bin by bin."""
+    edges = bin_edges(t["target_entropy"][at_depth], n_bins)
+
+    def bin_table(sel):
+        cols = {k: binned_means(t["target_entropy"][sel], t[k][sel], edges)
+                for k in ("alpha", "greedy_accept_prob", "target_max_prob")}
+        return [dict(lo=b["lo"], hi=b["hi"], center=b["center"], count=b["count"],
+                     **{k: cols[k][i]["mean"] for k in cols})
+                for i, b in enumerate(cols["alpha"])]
+
+    policies = list(dict.fromkeys(t["policy"].tolist()))
+    return dict(edges=edges.tolist(), pooled=bin_table(at_depth),
+                by_policy={pol: bin_table(at_depth & (t["policy"] == pol)) for pol in policies})
+
+
 def summarize(table, n_boot=1000, seed=0, depth=0, n_bins=10):
-    """Summarise a trace; see the module docstring for why fits use depth 0 only.
+    """Summarise a trace; see the package docstring (bebop.studies.entropy) for why fits use depth 0 only.
 
     Returns a JSON-friendly dict with keys:
       fit_depth, n_rows, n_fit_rows, n_boot, seed
@@ -181,34 +212,9 @@ def summarize(table, n_boot=1000, seed=0, depth=0, n_bins=10):
     if not at_depth.any():
         raise BebopError(f"entropy trace has no rows at draft depth {depth}")
 
-    run_rows = []
-    for name in runs:
-        in_run = t["run"] == name
-        first = int(np.flatnonzero(in_run)[0])
-        row = dict(run=name, policy=str(t["policy"][first]), temperature=float(t["temperature"][first]))
-        row.update(_means(t, in_run & at_depth))
-        row["gap_probabilistic"] = 1.0 - row["alpha"]
-        row["gap_greedy"] = row["target_max_prob"] - row["greedy_accept_prob"]
-        row["all_depths"] = _means(t, in_run)
-        row["by_depth"] = [dict(depth=int(d), **_means(t, in_run & (t["depth"] == d)))
-                           for d in np.unique(t["depth"][in_run])]
-        run_rows.append(row)
-
-    # entropy bins: one set of edges shared by the pooled view and every policy, so
-    # the curves can be compared bin by bin
+    run_rows = [_run_row(t, name, at_depth) for name in runs]
     h = t["target_entropy"][at_depth]
-    edges = bin_edges(h, n_bins)
-
-    def bin_table(sel):
-        cols = {k: binned_means(t["target_entropy"][sel], t[k][sel], edges)
-                for k in ("alpha", "greedy_accept_prob", "target_max_prob")}
-        return [dict(lo=b["lo"], hi=b["hi"], center=b["center"], count=b["count"],
-                     **{k: cols[k][i]["mean"] for k in cols})
-                for i, b in enumerate(cols["alpha"])]
-
-    policies = list(dict.fromkeys(t["policy"].tolist()))
-    bins = dict(edges=edges.tolist(), pooled=bin_table(at_depth),
-                by_policy={pol: bin_table(at_depth & (t["policy"] == pol)) for pol in policies})
+    bins = _entropy_bins(t, at_depth, n_bins)
 
     modes = dict(probabilistic="alpha", greedy="greedy_accept_prob", greedy_oracle="target_max_prob")
     fits = dict(
