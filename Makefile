@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test test-fast install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3.11 -m venv .venv || python3 -m venv .venv
@@ -33,6 +33,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=15
+
+# the tests under ~10 s that need neither vLLM nor Ray (markers: pyproject.toml, applied in tests/conftest.py)
+test-fast: $(STAMP)
+	$(PY) -m pytest -q --durations=15 -m "not slow and not vllm and not ray"
 
 clean:
 	rm -rf .venv runs

@@ -1,9 +1,11 @@
-"""Shared, session-scoped models. The transformers models are returned too (test_models compares against
-them); SmolLM2 is loaded once per session because loading it costs seconds. Tests must not modify these
-models in place: build a copy (see `sharpened` in test_engine.py) when a test needs different weights."""
+"""Shared, session-scoped models, and the markers of tests that are slow or need vLLM or Ray. The transformers
+models are returned too (test_models compares against them); SmolLM2 is loaded once per session because loading
+it costs seconds. Tests must not modify these models in place: build a copy (see `sharpened` in
+engine/test_generation.py) when a test needs different weights."""
 
 import copy
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +17,33 @@ from bebop.models.decoder import Decoder
 # The test models are small: one thread is about as fast as two, and on a shared 2-core machine two OpenMP
 # threads competing with another busy process run 10-20x slower (spinning barriers). BEBOP_TEST_THREADS overrides.
 torch.set_num_threads(int(os.environ.get("BEBOP_TEST_THREADS", "1")))
+
+TESTS = Path(__file__).parent
+# the markers of pyproject.toml, by test file (a folder ends in /), test function or fixture
+VLLM_TESTS = ("backends/vllm/", "rl/workers/test_ray.py::test_two_ray_workers_with_vllm_each_on_its_core")
+VLLM_FIXTURES = {"vllm_model_dir"}  # a model directory for vLLM's engine or its paged-attention kernels
+RAY_TESTS = ("rl/workers/test_ray.py",)
+SLOW_TESTS = ("models/test_compiled.py",  # torch.compile
+              "engine/test_generation.py::test_spec_on_the_compiled_step_matches_exact_distribution_and_ar")
+SLOW_FIXTURES = {"smollm2"}  # SmolLM2-135M: loading it and generating with it on one thread
+
+
+def _matches(item, paths) -> bool:
+    path = item.path.relative_to(TESTS).as_posix()
+    name = f"{path}::{item.originalname}"
+    return any(path.startswith(p) if p.endswith("/") else p in (path, name) for p in paths)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        fixtures = set(item.fixturenames)
+        if _matches(item, VLLM_TESTS) or fixtures & VLLM_FIXTURES:
+            item.add_marker(pytest.mark.vllm)
+        if _matches(item, RAY_TESTS):
+            item.add_marker(pytest.mark.ray)
+        compiled = getattr(item, "callspec", None) is not None and item.callspec.params.get("compiled") is True
+        if _matches(item, SLOW_TESTS) or fixtures & SLOW_FIXTURES or compiled:  # compiled: the torch.compile'd step
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
 """`bebop check-exactness`: is speculative sampling with this model, draft and settings lossless, here?
 
-The statistical test the suite runs on its tiny models (tests/test_engine.py), on the user's own model and
+The statistical test the suite runs on its tiny models (tests/engine/test_generation.py), on the user's own model and
 draft: many samples of the first few tokens of one prompt, speculative and plain, then chi-square tests
   - token 1 against the model's exact next-token distribution (goodness of fit),
   - each token position, and the pair of the last two, speculative against plain (two-sample),

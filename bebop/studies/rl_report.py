@@ -218,8 +218,9 @@ def heldout(e) -> str:
     return f"{e['heldout_reward']:.3f} (n={e['heldout_n']}, {e['heldout_ci95'][0]:.2f}-{e['heldout_ci95'][1]:.2f})"
 
 
-def markdown(summaries: list[dict]) -> str:
-    lines = ["# RL runs", "", "| run | steps | wall s (stalled steps: s) | rollout s | train s | mtp s | sync s (+ check) | rollout share | "
+def runs_table(summaries: list[dict]) -> list[str]:
+    """One row per run: times, rewards, acceptance."""
+    lines = ["| run | steps | wall s (stalled steps: s) | rollout s | train s | mtp s | sync s (+ check) | rollout share | "
              "reward first -> last | held-out start -> end (n, 95% CI) | acceptance first -> last (max drift) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
@@ -229,6 +230,12 @@ def markdown(summaries: list[dict]) -> str:
                      f"{s['reward_first']:.3f} -> {s['reward_last']:.3f} | {heldout(s['heldout_first'])} -> "
                      f"{heldout(s['heldout_last'])} | {fmt(s['acceptance_first'])} -> {fmt(s['acceptance_last'])} "
                      f"({fmt(s['acceptance_max_drift'])}) |")
+    return lines
+
+
+def cpus_section(summaries: list[dict]) -> list[str]:
+    """Which runs share a CPU (wall times compare only within one), and the fastest on each."""
+    lines = []
     cpus = list(dict.fromkeys(s["cpu"] for s in summaries))
     if len(cpus) > 1:
         lines += ["", "These runs ran on more than one CPU; wall times, and speedups over `ar`, compare only within "
@@ -241,6 +248,12 @@ def markdown(summaries: list[dict]) -> str:
             lines += ["", f"Fastest here{f' on {cpu}' if len(cpus) > 1 else ''}: **{best['label']}** "
                       f"({best['wall_s_per_token'] * 1000:.1f} ms of wall time per generated token over the run; "
                       f"{best['dir']})."]
+    return lines
+
+
+def drift_section(summaries: list[dict]) -> list[str]:
+    """Acceptance through each run: first against last steps, and its fit on the entropy."""
+    lines = []
     drifting = [s for s in summaries if s["drift"] or s["acceptance_vs_entropy"]]
     if drifting:
         lines += ["", "## Acceptance through the run", "",
@@ -256,6 +269,12 @@ def markdown(summaries: list[dict]) -> str:
                 f"{fmt(d.get('last'))}{ci(d.get('last_ci95'))} | {fmt(d.get('change'), '+.3f')}{ci(d.get('change_ci95'))} | "
                 f"{fmt(f.get('slope'), '+.3f')}{ci(f.get('slope_ci95'))} | {fmt(f.get('intercept'))} | {fmt(f.get('r'), '.2f')} | "
                 + (f"{f['entropy_range'][0]:.2f}-{f['entropy_range'][1]:.2f} |" if f else "- |"))
+    return lines
+
+
+def versus_section(summaries: list[dict]) -> list[str]:
+    """Each speculative run's acceptance against the first run of its seed, model and task."""
+    lines = []
     versus = [s for s in summaries if "versus" in s]
     if versus:
         lines += ["", "## Drafts compared", "",
@@ -271,6 +290,12 @@ def markdown(summaries: list[dict]) -> str:
             lines.append(f"| {s['label']} | {v['label']} | {v['steps']} | {fmt(mean[0])}{ci(mean[1])} | "
                          f"{fmt(v.get('mean'), '+.3f')}{ci(v.get('ci95'))} | {s['mtp_train_s'] / s['steps']:.2f} "
                          f"({s['mtp_train_s'] / max(s['wall_s'], 1e-9):.2f}) |")
+    return lines
+
+
+def replicates_section(summaries: list[dict]) -> list[str]:
+    """Runs of one recipe: the run-to-run spread, and recipes compared on run means."""
+    lines = []
     reps = replicates(summaries)
     if reps:
         lines += ["", "## Replicates: runs of one recipe", "",
@@ -284,6 +309,12 @@ def markdown(summaries: list[dict]) -> str:
             lines.append(f"| {r['label']} | {len(r['runs'])} | {', '.join(f'{m:.3f}' for m in r['means'])} | "
                          f"{r['mean']:.3f} | {r['sd']:.3f} | "
                          + (f"{v['difference']:+.3f}{ci(v['ci95'])} |" if v else "- |"))
+    return lines
+
+
+def speedup_section(summaries: list[dict]) -> list[str]:
+    """End-to-end speedups over the `ar` run, the Amdahl bound, and its projection."""
+    lines = []
     fast = [s for s in summaries if "speedup" in s]
     if fast:
         lines += ["", "## End-to-end speedup over `ar` (same seed, async mode and CPU)", "",
@@ -304,6 +335,13 @@ def markdown(summaries: list[dict]) -> str:
         alone = [Path(s["dir"]).name for s in summaries if s["rollout"] != "ar" and "speedup" not in s]
         if alone:
             lines += ["", "No `ar` run of the same seed, async mode and CPU for: " + ", ".join(alone) + "."]
+    return lines
+
+
+def markdown(summaries: list[dict]) -> str:
+    lines = ["# RL runs", ""]
+    for section in (runs_table, cpus_section, drift_section, versus_section, replicates_section, speedup_section):
+        lines += section(summaries)
     return "\n".join(lines) + "\n"
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from bebop.engine.generation import draft_len as autodraft
+from bebop.engine import draft_len as autodraft
 from bebop.engine.draft_len import COST_FILE
 from bebop.cli import main
 from bebop.training.data import DEFAULT_MIX
@@ -348,9 +348,9 @@ def test_long_prompt_near_the_models_context(short_context_model, tmp_path, caps
 
 def test_generate_streams_rows_as_they_finish(tmp_path, capsys, monkeypatch):
     """Each row is written when it finishes; an interruption keeps the rows already done."""
-    import bebop.engine.generation
+    from bebop.cli import generate as generate_command
 
-    real, seen = bebop.engine.generation.generate, []
+    real, seen = generate_command.generate, []
 
     def interrupted_after_first_row(*args, on_finish, **kw):
         def first_then_stop(i, r):
@@ -360,7 +360,7 @@ def test_generate_streams_rows_as_they_finish(tmp_path, capsys, monkeypatch):
 
         return real(*args, on_finish=first_then_stop, **kw)
 
-    monkeypatch.setattr(bebop.engine.generation, "generate", interrupted_after_first_row)
+    monkeypatch.setattr(generate_command, "generate", interrupted_after_first_row)
     out = tmp_path / "sub" / "out.jsonl"  # a missing parent directory is made
     with pytest.raises(SystemExit) as exc:
         main(["generate", "--model", "tiny-llama", "--prompt", "hi", "--num-samples", "3", "--max-new-tokens", "4",
@@ -392,12 +392,12 @@ def test_a_full_disk_while_saving_weights_is_one_line(tmp_path, capsys, monkeypa
     """safetensors raises its own SafetensorError (not an OSError) when the disk fills while it writes."""
     from safetensors import SafetensorError
 
-    import bebop.cli as cli
+    from bebop.cli import generate as generate_command
 
     def full(args):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr(cli, "cmd_generate", full)
+    monkeypatch.setattr(generate_command, "cmd_generate", full)
     with pytest.raises(SystemExit) as exc:
         main(["generate", "--model", "tiny-llama", "--prompt", "hi", "--max-new-tokens", "3"])
     err = capsys.readouterr().err

@@ -1,0 +1,249 @@
+"""The `bebop` argument parser: every command's flags, their defaults and help, and the argument types."""
+
+import argparse
+import sys
+
+from bebop.cli import analyze, generate, rl, train
+from bebop.rl.config import (ASYNC_MODES, AUTOCAST, BACKENDS, DTYPES, LOSS_TYPES, MTP_STRATEGIES, ROLLOUTS,
+                             SCALE_REWARDS, RLConfig)
+from bebop.training.train import TrainConfig
+
+DESCRIPTION = """The `bebop` command line. Bad input gets one line on stderr and exit status 2, never a traceback.
+
+Every command checks all of its options first (ranges, files that must exist, outputs that must be
+writable), before any model loads, so a mistake costs a second rather than a run.
+"""
+MODES = ("ar", "spec", "spec-greedy")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's own errors (a missing option, 'abc' for a number) in the same one-line form as ours."""
+
+    def error(self, message):
+        command = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
+        print(f"bebop: error: {command}{message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def add_model_args(p):
+    p.add_argument("--model", default="smollm2-135m", help="registry name or local Hugging Face model directory")
+    p.add_argument("--mtp", default=None, help="the draft: an MTP checkpoint (NAME.safetensors + NAME.json), an EAGLE-3 "
+                   "directory (config.json + *.safetensors, as SpecForge writes and `bebop export` writes), 'random' or "
+                   "'random-eagle3' (seeded fresh drafts); default: the committed one for smollm2-135m (its EAGLE-3 "
+                   "draft), else random")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="weights and activations for generating (generate, bench, make-data); auto: bfloat16 where a "
+                        "short probe, cached per machine and model, measures it faster, else float32")
+
+
+def draft_len_arg(text: str):
+    """--draft-len: an int, or 'auto' (chosen every step by cost, up to --max-draft-len)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got '{text}'") from None
+
+
+def add_sampling_args(p, temperature=1.0):
+    p.add_argument("--temperature", type=float, default=temperature)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--draft-len", type=draft_len_arg, default="auto", help="drafts per step, or 'auto'")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def add_rl_args(p):
+    d = RLConfig()
+    p.add_argument("--model", default=d.model, help="registry name or local Hugging Face model directory")
+    p.add_argument("--mtp", default=d.mtp, help="the draft, as for generate: a checkpoint, an EAGLE-3 directory, 'random' or "
+                   "'random-eagle3'; default: the model's shipped draft (EAGLE-3 for smollm2-135m)")
+    p.add_argument("--task", default=d.task, help="RL task (arithmetic, code)")
+    p.add_argument("--difficulty", default=d.difficulty, help="task difficulty level (default: the task's)")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--prompts-per-step", type=int, default=d.prompts_per_step)
+    p.add_argument("--num-generations", type=int, default=d.num_generations, help="G: completions per prompt")
+    p.add_argument("--max-completion-length", type=int, default=d.max_completion_length)
+    p.add_argument("--temperature", type=float, default=d.temperature)
+    p.add_argument("--learning-rate", type=float, default=d.learning_rate)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm)
+    p.add_argument("--beta", type=float, default=d.beta, help="KL coefficient to the initial policy")
+    p.add_argument("--epsilon", type=float, default=d.epsilon, help="clip range")
+    p.add_argument("--epsilon-high", type=float, default=d.epsilon_high, help="upper clip range (default: epsilon)")
+    p.add_argument("--loss-type", default=d.loss_type, help=f"{'|'.join(LOSS_TYPES)}")
+    p.add_argument("--scale-rewards", default=d.scale_rewards, help=f"{'|'.join(SCALE_REWARDS)}")
+    p.add_argument("--num-iterations", type=int, default=d.num_iterations, help="updates per batch of rollouts")
+    p.add_argument("--importance-sampling-cap", type=float, default=d.importance_sampling_cap,
+                   help="truncated importance sampling cap between rollout and training log-probs")
+    p.add_argument("--micro-batch-size", type=int, default=d.micro_batch_size)
+    p.add_argument("--autocast", default=d.autocast, help=f"{'|'.join(AUTOCAST)}: bf16 autocast for training "
+                                                          "(auto: a short probe picks the faster)")
+    p.add_argument("--rollout", default=d.rollout, help=f"{'|'.join(ROLLOUTS)}")
+    p.add_argument("--rollout-backend", default=d.rollout_backend,
+                   help=f"{'|'.join(BACKENDS)}: the engine that generates rollouts (vllm: EAGLE-3 drafts only, "
+                        "default the model's shipped one; its log goes to OUT/vllm.log)")
+    p.add_argument("--draft-len", type=draft_len_arg, default=d.draft_len,
+                   help="draft tokens per step, or 'auto' (chosen every step by cost, up to --max-draft-len; "
+                        "--rollout-backend vllm needs a number: its num_speculative_tokens)")
+    p.add_argument("--max-draft-len", type=int, default=d.max_draft_len,
+                   help="the largest K --draft-len auto may pick (and the depth an online MTP strategy trains)")
+    p.add_argument("--ray", nargs="?", const="local", default=d.ray, metavar="ADDRESS",
+                   help="rollout workers as Ray actors (bebop[ray]): no ADDRESS starts a local Ray, 'auto' joins "
+                        "the running cluster, or host:port")
+    p.add_argument("--rollout-workers", type=int, default=d.rollout_workers,
+                   help="Ray rollout actors; the rollout threads are split between them")
+    p.add_argument("--mtp-strategy", default=d.mtp_strategy, help=f"{'|'.join(MTP_STRATEGIES)}")
+    p.add_argument("--mtp-learning-rate", type=float, default=d.mtp_learning_rate)
+    p.add_argument("--async-mode", default=d.async_mode, help=f"{'|'.join(ASYNC_MODES)}")
+    p.add_argument("--rollout-dtype", default=d.rollout_dtype,
+                   help=f"auto|{'|'.join(DTYPES)} (auto: as --dtype auto chooses for the model on this machine)")
+    p.add_argument("--threads", type=int, default=d.threads, help="torch threads in all (0: the usable CPUs); "
+                                                                   "one-step splits them between the two processes")
+    p.add_argument("--eval-every", type=int, default=d.eval_every, help="held-out evaluation period (0: first/last)")
+    p.add_argument("--eval-prompts", type=int, default=d.eval_prompts)
+    p.add_argument("--save-every", type=int, default=d.save_every)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--out", required=True)
+    p.add_argument("--resume", action="store_true", help="continue from OUT's last checkpoint")
+
+
+def add_train_args(p):
+    d = TrainConfig()
+    p.add_argument("--data", required=True, help="directory written by `bebop make-data`")
+    p.add_argument("--draft-len", type=int, default=d.draft_len)
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--draft-vocab", type=int, default=d.draft_vocab,
+                   help="restrict the draft head to the N most frequent training tokens (0 = full vocabulary)")
+    p.add_argument("--max-seq-len", type=int, default=d.max_seq_len)
+    p.add_argument("--eval-every", type=int, default=d.eval_every)
+    p.add_argument("--eval-prompts", type=int, default=d.eval_prompts,
+                   help="held-out prompts for real speculative acceptance")
+    p.add_argument("--save-every", type=int, default=d.save_every)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--eval-sequences", type=int, default=d.eval_sequences,
+                   help="held-out sequences for teacher-forced acceptance")
+    p.add_argument("--arch", default=d.arch, choices=("mtp", "eagle3"),
+                   help="the draft kind: mtp (DeepSeek-V3 layout, bebop's engine) or eagle3 (LlamaForCausalLMEagle3, "
+                   "which vLLM and SGLang load: `bebop export`); eagle3 reads 3 target layers, by default vLLM's")
+    p.add_argument("--mtp-layers", type=int, default=d.mtp_layers,
+                   help="decoder blocks of a fresh MTP (DeepSeek-V3: 1)")
+    p.add_argument("--feature-layers", default=",".join(map(str, d.feature_layers)),
+                   help="target layers a fresh MTP reads, concatenated and projected (EAGLE-3), e.g. 2,15,29; "
+                   "default: the last hidden state alone")
+    # the CLI picks the faster of these on this machine (auto); the library keeps them off
+    p.add_argument("--features-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="the target forward that computes the training features (auto: the faster here)")
+    p.add_argument("--autocast", default="auto", choices=("auto", "bf16", "off"),
+                   help="bf16 autocast of training steps over fp32 weights (auto: if a probe finds it faster)")
+
+
+def build_parser():
+    parser = Parser(prog="bebop", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("generate", help="sample completions (plain or speculative)")
+    add_model_args(p)
+    p.add_argument("--prompt")
+    p.add_argument("--prompts", help="JSONL file, one {\"prompt\": ...} per line")
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--mode", choices=MODES, default="spec")
+    p.add_argument("--output", help="JSONL output (default: stdout)")
+    p.add_argument("--max-batch", type=int, default=None, help="rows decoded at once; a finished row takes the "
+                                                               "next waiting request (default: all at once)")
+    p.add_argument("--max-draft-len", type=int, default=4, help="the largest K --draft-len auto may pick")
+    add_sampling_args(p)
+    p.set_defaults(func=generate.cmd_generate)
+
+    p = sub.add_parser("bench", help="tokens/s and acceptance per mode and batch size, interleaved")
+    add_model_args(p)
+    p.add_argument("--batch-sizes", default="1,4,16")
+    p.add_argument("--modes", default="ar,spec,spec-greedy",
+                   help="any of ar, spec, spec-greedy, hf (transformers), vllm (vLLM's plain decoding), vllm-spec "
+                        "(vLLM with the draft's EAGLE-3 export; vLLM has no auto K: it drafts --draft-len, 3 for auto); "
+                        "ar-compiled, spec-compiled: on the compiled decode step, against the others run eager")
+    p.add_argument("--prompts", help="JSONL prompts (default: built-in held-out task prompts)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--ignore-eos", action="store_true", help="every request generates exactly --max-new-tokens "
+                                                             "(default: stop at EOS and count the tokens produced)")
+    add_sampling_args(p)
+    p.set_defaults(func=generate.cmd_bench)
+
+    p = sub.add_parser("export", help="write a draft in the EAGLE-3 layout vLLM and SGLang load")
+    add_model_args(p)
+    p.add_argument("--format", default="eagle3", choices=("eagle3",), help="the layout (SpecForge's EAGLE-3 directory)")
+    p.add_argument("--out", required=True, help="directory to write config.json and model.safetensors to")
+    p.set_defaults(func=generate.cmd_export)
+
+    p = sub.add_parser("check-exactness", help="test that speculative sampling with this model and draft is lossless")
+    add_model_args(p)
+    p.add_argument("--mode", default="spec", help="spec or spec-greedy")
+    p.add_argument("--prompt", default="Tell me a short story.", help="the prompt whose first tokens are sampled")
+    p.add_argument("--samples", type=int, default=2000, help="samples per mode (more: more power)")
+    p.add_argument("--tokens", type=int, default=3, help="tokens sampled per sample")
+    p.add_argument("--alpha", type=float, default=1e-3, help="false-alarm rate of the whole family of tests")
+    p.add_argument("--json", help="write the p-values here")
+    add_sampling_args(p)
+    p.set_defaults(func=generate.cmd_check_exactness, draft_len=2)
+
+    p = sub.add_parser("make-data", help="self-distillation data: the target's own samples")
+    add_model_args(p)
+    p.add_argument("--prompts", default="builtin", help="'builtin' (chat, math and code tasks) or a JSONL file")
+    p.add_argument("--mix", default=None, help="shares of the built-in kinds, e.g. math=0.4,code=0.3,chat=0.3 "
+                   "(the default)")
+    p.add_argument("--num-samples", type=int, default=512, help="training sequences")
+    p.add_argument("--heldout-samples", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--out", required=True)
+    add_sampling_args(p)
+    p.set_defaults(func=train.cmd_make_data)
+
+    p = sub.add_parser("train-mtp", help="train the MTP draft with ce, kl, tv, e2e-tv, lk or kl+e2e-tv")
+    add_model_args(p)
+    add_train_args(p)
+    p.add_argument("--loss", default=TrainConfig.loss)
+    p.add_argument("--out", required=True, help="checkpoint path prefix: OUT.safetensors, OUT.json, ...")
+    p.add_argument("--init", help="start from this MTP checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue from OUT's last checkpoint")
+    p.set_defaults(func=train.cmd_train_mtp)
+
+    p = sub.add_parser("compare-losses", help="train one MTP per loss on the same budget and compare acceptance")
+    add_model_args(p)
+    add_train_args(p)
+    p.add_argument("--losses", default="ce,kl,tv,e2e-tv,lk,kl+e2e-tv")
+    p.add_argument("--temperatures", default="0.6,1.0,1.2")
+    p.add_argument("--eval-samples", type=int, default=32, help="held-out prompts for the final evaluation")
+    p.add_argument("--eval-new-tokens", type=int, default=64)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=train.cmd_compare_losses)
+
+    p = sub.add_parser("analyze", help="studies: `analyze entropy`")
+    studies = p.add_subparsers(dest="study", required=True)
+    p = studies.add_parser("entropy", help="acceptance vs the policy's entropy, probabilistic and greedy drafting")
+    add_model_args(p)
+    p.add_argument("--policy", action="append", default=[], help="another policy checkpoint (model directory) "
+                                                                  "to study with the same MTP; repeatable")
+    p.add_argument("--prompts", help="JSONL prompts (default: built-in held-out task prompts)")
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--temperatures", default="0.4,0.6,0.8,1.0,1.2,1.4,1.6")
+    p.add_argument("--draft-len", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the fit intervals")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=analyze.cmd_analyze_entropy)
+
+    p = sub.add_parser("rl", help="GRPO with plain or speculative rollouts, synchronous or one step off-policy")
+    add_rl_args(p)
+    p.set_defaults(func=rl.cmd_rl)
+
+    p = sub.add_parser("report", help="compare RL runs: Markdown, JSON and plots; speedups over the ar run")
+    p.add_argument("runs", nargs="+", help="directories written by `bebop rl`")
+    p.add_argument("--out", default=None, help="output directory (default: the first run's parent)/report")
+    p.set_defaults(func=rl.cmd_report)
+    return parser

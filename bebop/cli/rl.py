@@ -1,0 +1,53 @@
+"""`bebop rl` and `report`: GRPO runs with plain or speculative rollouts, and their comparison."""
+
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from bebop.backends.vllm import engine as vllm_engine
+from bebop.cli.loading import pick_mtp
+from bebop.drafts.mtp import shipped_draft
+from bebop.errors import BebopError
+from bebop.models.registry import hf_dir, load_model
+from bebop.rl.config import RLConfig
+from bebop.rl.loop import run_rl
+from bebop.studies.rl_report import write_report
+from bebop.tasks import rewards, rl_tasks
+
+
+def cmd_rl(args):
+    cfg = RLConfig(**{f.name: getattr(args, f.name) for f in fields(RLConfig)}).validate()
+    train = rl_tasks(cfg.task, cfg.steps * cfg.prompts_per_step, cfg.seed, "train", cfg.difficulty)
+    heldout = rl_tasks(cfg.task, cfg.eval_prompts, cfg.seed, "heldout", cfg.difficulty)
+    if cfg.rollout_backend == "vllm":  # what vLLM cannot run: one line before any model loads
+        if not vllm_engine.installed():
+            raise BebopError("--rollout-backend vllm needs vLLM: pip install 'bebop[vllm]'")
+        hf_dir(cfg.model)
+    policy, tok = load_model(cfg.model)  # fp32 master weights; rollouts use their own --rollout-dtype copy
+    mtp = None
+    if cfg.rollout != "ar" and cfg.rollout_backend == "vllm" and cfg.mtp is None:
+        mtp = shipped_draft(policy, "eagle3")  # vLLM loads EAGLE-3 drafts: the model's shipped one
+        if mtp is None:
+            raise BebopError(f"--rollout-backend vllm with --rollout {cfg.rollout} needs an EAGLE-3 draft (--mtp DIR "
+                             f"or random-eagle3): '{cfg.model}' ships none")
+    elif cfg.rollout != "ar":
+        mtp = pick_mtp(cfg.mtp, policy)
+        if cfg.rollout_backend == "vllm" and mtp.arch != "eagle3":
+            raise BebopError(f"--rollout-backend vllm: '{cfg.mtp}' is a DeepSeek-layout MTP; vLLM loads EAGLE-3 drafts "
+                             "only (--mtp an EAGLE-3 directory or checkpoint, or random-eagle3)")
+    rows = run_rl(cfg, args.out, policy, tok, train, heldout, mtp, score=rewards, resume=args.resume)
+    evals = [json.loads(x) for x in (Path(args.out) / "eval.jsonl").read_text().splitlines()]
+    for e in evals[:1] + evals[-1:]:
+        lo, hi = e["heldout_ci95"]
+        print(f"step {e['step']}: held-out reward {e['heldout_reward']:.3f} (n={e['heldout_n']}, 95% CI "
+              f"{lo:.2f}-{hi:.2f})", file=sys.stderr)
+    if rows:
+        acc = [r["acceptance_rate"] for r in rows if r["acceptance_rate"] is not None]
+        print(f"{len(rows)} steps in {sum(r['step_s'] for r in rows):.1f}s; reward {rows[0]['reward_mean']:.3f} -> "
+              f"{rows[-1]['reward_mean']:.3f}" + (f"; acceptance {acc[0]:.3f} -> {acc[-1]:.3f}" if acc else ""),
+              file=sys.stderr)
+
+
+def cmd_report(args):
+    print(write_report(args.runs, args.out))
