@@ -31,7 +31,8 @@ from bebop.io import write_text_atomic
 from bebop.models import registry
 from bebop.models import cpu
 from bebop.drafts.mtp import target_forward
-from bebop.sampling import SamplingParams, entropy, probabilities, rejection_sample_uniform, sample
+from bebop.engine.step import Rows, speculative_step
+from bebop.sampling import SamplingParams, entropy
 
 COST_FILE = "draft-costs-v4.json"  # v3: the probe also times rejection sampling and the entropies; v4: an
 # EAGLE-3 draft's reduced head multiplies with the probed kernels (it was plain)
@@ -51,41 +52,27 @@ def bucket(batch: int) -> int:
 @torch.inference_mode()
 def probe_costs(target, mtp, batch: int, max_k: int, context: int = 64, repeats: int = 5,
                 timer=time.perf_counter) -> tuple[list[float], bool]:
-    """Seconds of one step with K = 0..max_k drafts at `batch` rows (see the module doc): its forwards, and what
-    the engine does with their distributions (sampling the drafts, rejection sampling, the entropies), which at
-    64 rows made a drafting step cost more beyond its forwards than a plain one. Also returns whether the probe
-    is consistent: no K came out cheaper than a smaller one (which only noise can do)."""
+    """Seconds of one engine step (bebop.engine.step.speculative_step: drafting, verifying, rejection sampling)
+    with K = 0..max_k drafts at `batch` rows after a `context`-long prompt, plus the entropies the engine records
+    (see the module doc). Also returns whether the probe is consistent: no K came out cheaper than a smaller
+    one (which only noise can do)."""
     device = target.embed.weight.device
     params = SamplingParams()
     gen = torch.Generator(device="cpu").manual_seed(0)
     tokens = torch.randint(target.cfg.vocab_size, (batch, context + max_k + 1), generator=gen).to(device)
     cache = target.new_cache(batch, context + max_k + 2)
-    hidden = target(tokens[:, :context], cache)
+    _, feats = target_forward(target, mtp, tokens[:, :context], cache)  # feats [batch, context, F]
     mcache = mtp.new_cache(batch, context + 2 * max_k + 2)
-    mtp(tokens[:, 1:context + 1], hidden, mcache)
-    u = torch.rand(batch, max_k + 1, generator=gen, dtype=torch.float64).to(device)
+    mtp(tokens[:, 1:context + 1], mtp.features(feats), mcache)
     vocab_ids = mtp.vocab_ids if len(mtp.vocab_ids) else None
+    row_gens = [torch.Generator().manual_seed(row) for row in range(batch)]
 
-    def step(K):
+    def step(K):  # a drafting step catches the draft up on the K + 1 positions a fully accepted step left
         cache.lengths.fill_(context)
         mcache.lengths.fill_(context - K - 1)
-        drafts, qs = [], []
-        if K:
-            h = mtp(tokens[:, :K + 1], hidden[:, :K + 1], mcache)[:, -1]
-            mcache.lengths += K + 1
-            for k in range(K):
-                if k:
-                    h = mtp(tokens[:, k:k + 1], h.unsqueeze(1), mcache)[:, 0]
-                    mcache.lengths += 1
-                qs.append(probabilities(mtp.draft_logits(h), params))
-                drafts.append(sample(qs[-1], u[:, k]))
-        p = probabilities(target.logits(target_forward(target, mtp, tokens[:, :K + 1], cache)[0]), params)
-        if K:
-            d = torch.stack(drafts, 1)
-            rejection_sample_uniform(p, torch.stack(qs, 1), d if vocab_ids is None else vocab_ids[d], u[:, :K],
-                                     u[:, K], vocab_ids=vocab_ids)
-        else:
-            sample(p[:, 0], u[:, 0])
+        rows = Rows(list(range(batch)), row_gens, torch.zeros(batch, dtype=torch.long), tokens[:, context].clone(),
+                    tokens[:, :K + 1].clone(), feats[:, :K + 1].clone(), torch.full((batch,), K + 1))
+        p = speculative_step(target, mtp, rows, cache, mcache, K, params, False, vocab_ids)[2]
         entropy(p)
         if device.type == "cuda":
             torch.cuda.synchronize()
