@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 from bebop.errors import BebopError
 from bebop.engine.memory import retain_freed_memory
 
-MODES = ("ar", "spec", "spec-greedy")
+from bebop.engine.generation import MODES
 MAX_DRAFT_LEN = 64  # far beyond any useful draft; bounds the per-step buffers
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from bebop.errors import BebopError
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
-ROLLOUTS = ("ar", "spec", "spec-greedy")
+from bebop.engine.generation import MODES as ROLLOUTS
 BACKENDS = ("bebop", "vllm")
 MTP_STRATEGIES = ("frozen", "online-ce", "online-kl", "online-e2e-tv")
 ASYNC_MODES = ("off", "one-step")

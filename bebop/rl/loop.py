@@ -40,6 +40,7 @@ from bebop.rl import grpo
 from bebop.rl.config import RLConfig
 from bebop.rl.trainer import MTP_LOSS, Sample, mtp_step, policy_step, probe_bf16
 from bebop.sampling import SamplingParams
+from bebop.seeds import batch_seed
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -281,10 +282,6 @@ def check_sync(worker, policy: Decoder, probe_ids: list[int], dtype: str, draft_
 
 
 # ----- data order -----
-
-def batch_seed(seed: int, step: int) -> int:
-    return (seed * 1_000_003 + step * 7919 + 17) % (2 ** 31)
-
 
 def step_prompts(pool: list, prompt_ids: list[list[int]], cfg: RLConfig, step: int):
     """Batch `step`: prompts_per_step tasks in the run's fixed order, each repeated num_generations times."""
