@@ -15,9 +15,9 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from bebop.errors import BebopError
+from bebop.engine.generation import MODES
 from bebop.engine.memory import retain_freed_memory
 
-from bebop.engine.generation import MODES
 MAX_DRAFT_LEN = 64  # far beyond any useful draft; bounds the per-step buffers
 
 
