@@ -404,10 +404,7 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
         state = load_checkpoint(out, policy, mtp if online else None, opt, mtp_opt)
         start, pending = state["step"], state["pending"]
         for name in ("metrics.jsonl", "eval.jsonl"):  # drop rows logged after the checkpoint: they are redone
-            path = out / name
-            if path.exists():
-                rows = [r for r in path.read_text().splitlines() if json.loads(r)["step"] <= start]
-                path.write_text("".join(r + "\n" for r in rows))
+            checkpoint.truncate_log(out / name, start)
 
     probe_ids = eval_ids[0] + pool_ids[0]  # a fixed sequence the sync check scores on both sides
     draft_tol, engine_args = float("inf"), None
