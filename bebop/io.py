@@ -12,7 +12,8 @@ removed by the next save. Older checkpoints are pruned after the commit, keeping
 
     save_checkpoint(root, step, tensors, state, meta, keep=1) -> Path
     load_checkpoint(root) -> Checkpoint(step, tensors, state, meta, path) | None   (None: nothing committed)
-Single files (caches, metadata, metrics) get the same guarantee from `write_text_atomic`.
+Single files (caches, metadata, metrics) get the same guarantee from `write_text_atomic`, and a resumed run's
+JSONL logs drop, in one such write, the rows logged after its checkpoint (`truncate_log`).
 """
 
 import json
@@ -42,6 +43,23 @@ def write_text_atomic(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)  # a failed write leaves nothing behind
         raise
+
+
+def logged_step(line: str) -> int:
+    """The "step" of a JSONL log line; a line torn by a crash counts as after every checkpoint."""
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return 1 << 62
+
+
+def truncate_log(path, step: int) -> None:
+    """Keep the lines of the JSONL log at `path` logged at or before `step` (the rest are redone after a resume),
+    in one atomic write; a missing log stays missing."""
+    path = Path(path)
+    if path.exists():
+        rows = [r for r in path.read_text().splitlines() if logged_step(r) <= step]
+        write_text_atomic(path, "".join(r + "\n" for r in rows))
 
 
 @dataclass

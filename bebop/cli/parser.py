@@ -4,6 +4,7 @@ import argparse
 import sys
 
 from bebop.cli import analyze, generate, rl, train
+from bebop.engine import MODES
 from bebop.rl.config import (ASYNC_MODES, AUTOCAST, BACKENDS, DTYPES, LOSS_TYPES, MTP_STRATEGIES, ROLLOUTS,
                              SCALE_REWARDS, RLConfig)
 from bebop.training.train import TrainConfig
@@ -13,7 +14,6 @@ DESCRIPTION = """The `bebop` command line. Bad input gets one line on stderr and
 Every command checks all of its options first (ranges, files that must exist, outputs that must be
 writable), before any model loads, so a mistake costs a second rather than a run.
 """
-MODES = ("ar", "spec", "spec-greedy")
 
 
 class Parser(argparse.ArgumentParser):

@@ -1,7 +1,7 @@
 """`draft_len="auto"`: pick the draft length K of every speculative step by cost.
 
 A step with K drafts costs cost(K) seconds at the current batch size and emits 1 + sum_j prod_{i<=j} alpha_i
-tokens per row in expectation (NOTES.md section 2), alpha_i being the acceptance of draft i given that drafts
+tokens per row in expectation, alpha_i being the acceptance of draft i given that drafts
 1..i-1 were accepted. The engine takes the K in 0..max that maximises their ratio; K = 0 is plain decoding.
 Once no request waits for a row, a draining batch also pays for the rows that speculation scatters: they
 finish at different steps and the last ones run on in small, dear steps; there K minimises the expected time
@@ -9,9 +9,8 @@ until the last row finishes (drain_seconds), from each row's own acceptance and 
 
 - cost(K) is probed, then corrected by timing online (StepCosts). Online timing alone only learns the K it
   happens to pick; a probe alone misses what a real step does besides (bookkeeping, the context's length)
-  and the drift of a shared machine. The probe times the step's two forwards (target verifying K + 1 tokens,
-  MTP catch-up and K - 1 recursions with their draft heads) and its sampling for every K once per
-  model, dtype, machine, thread count and batch bucket (powers of two), and caches the seconds in
+  and the drift of a shared machine. The probe times the engine's own step (bebop.engine.step) for every K
+  once per model, dtype, machine, thread count and batch bucket (powers of two), and caches the seconds in
   registry.cache_dir(); the engine then replaces a K's probed cost by the running average of its measured
   steps once it has taken that K twice at that batch size.
 - alpha_i is a running estimate from past steps only (decayed counts with a prior). Exactness needs nothing
@@ -31,10 +30,10 @@ from bebop.io import write_text_atomic
 from bebop.models import registry
 from bebop.models import cpu
 from bebop.drafts.mtp import target_forward
-from bebop.sampling import SamplingParams, entropy, probabilities, rejection_sample_uniform, sample
+from bebop.engine.step import Rows, speculative_step
+from bebop.sampling import SamplingParams, entropy
 
-COST_FILE = "draft-costs-v4.json"  # v3: the probe also times rejection sampling and the entropies; v4: an
-# EAGLE-3 draft's reduced head multiplies with the probed kernels (it was plain)
+COST_FILE = "draft-costs-v4.json"  # the version: what the probe times (a new version probes afresh)
 
 
 def machine() -> str:
@@ -51,41 +50,27 @@ def bucket(batch: int) -> int:
 @torch.inference_mode()
 def probe_costs(target, mtp, batch: int, max_k: int, context: int = 64, repeats: int = 5,
                 timer=time.perf_counter) -> tuple[list[float], bool]:
-    """Seconds of one step with K = 0..max_k drafts at `batch` rows (see the module doc): its forwards, and what
-    the engine does with their distributions (sampling the drafts, rejection sampling, the entropies), which at
-    64 rows made a drafting step cost more beyond its forwards than a plain one. Also returns whether the probe
-    is consistent: no K came out cheaper than a smaller one (which only noise can do)."""
+    """Seconds of one engine step (bebop.engine.step.speculative_step: drafting, verifying, rejection sampling)
+    with K = 0..max_k drafts at `batch` rows after a `context`-long prompt, plus the entropies the engine records
+    (see the module doc). Also returns whether the probe is consistent: no K came out cheaper than a smaller
+    one (which only noise can do)."""
     device = target.embed.weight.device
     params = SamplingParams()
     gen = torch.Generator(device="cpu").manual_seed(0)
     tokens = torch.randint(target.cfg.vocab_size, (batch, context + max_k + 1), generator=gen).to(device)
     cache = target.new_cache(batch, context + max_k + 2)
-    hidden = target(tokens[:, :context], cache)
+    _, feats = target_forward(target, mtp, tokens[:, :context], cache)  # feats [batch, context, F]
     mcache = mtp.new_cache(batch, context + 2 * max_k + 2)
-    mtp(tokens[:, 1:context + 1], hidden, mcache)
-    u = torch.rand(batch, max_k + 1, generator=gen, dtype=torch.float64).to(device)
+    mtp(tokens[:, 1:context + 1], mtp.features(feats), mcache)
     vocab_ids = mtp.vocab_ids if len(mtp.vocab_ids) else None
+    row_gens = [torch.Generator().manual_seed(row) for row in range(batch)]
 
-    def step(K):
+    def step(K):  # a drafting step catches the draft up on the K + 1 positions a fully accepted step left
         cache.lengths.fill_(context)
         mcache.lengths.fill_(context - K - 1)
-        drafts, qs = [], []
-        if K:
-            h = mtp(tokens[:, :K + 1], hidden[:, :K + 1], mcache)[:, -1]
-            mcache.lengths += K + 1
-            for k in range(K):
-                if k:
-                    h = mtp(tokens[:, k:k + 1], h.unsqueeze(1), mcache)[:, 0]
-                    mcache.lengths += 1
-                qs.append(probabilities(mtp.draft_logits(h), params))
-                drafts.append(sample(qs[-1], u[:, k]))
-        p = probabilities(target.logits(target_forward(target, mtp, tokens[:, :K + 1], cache)[0]), params)
-        if K:
-            d = torch.stack(drafts, 1)
-            rejection_sample_uniform(p, torch.stack(qs, 1), d if vocab_ids is None else vocab_ids[d], u[:, :K],
-                                     u[:, K], vocab_ids=vocab_ids)
-        else:
-            sample(p[:, 0], u[:, 0])
+        rows = Rows(list(range(batch)), row_gens, torch.zeros(batch, dtype=torch.long), tokens[:, context].clone(),
+                    tokens[:, :K + 1].clone(), feats[:, :K + 1].clone(), torch.full((batch,), K + 1))
+        p = speculative_step(target, mtp, rows, cache, mcache, K, params, False, vocab_ids)[2]
         entropy(p)
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -104,10 +89,8 @@ def probe_costs(target, mtp, batch: int, max_k: int, context: int = 64, repeats:
     return fastest.cummax(0).values.tolist(), bool((fastest[1:] >= fastest[:-1]).all())
 
 
-# probes that contradicted themselves, used by this process but not kept on disk: on a busy host (a neighbour
-# taking half the memory bandwidth) one cached table came out flat where cost must rise with K (batch 2: 59.9 ms
-# for every K) and steered later runs into drafting where it did not pay (spec 0.85-0.94x ar at 16 and 64 rows,
-# issue 23); quiet, every bucket's table rose with K
+# probes that contradicted themselves (a busy host can make cost look flat in K, where it must rise), used by
+# this process but not kept on disk, where they would steer later runs
 _unsaved: dict[tuple[str, str], list[float]] = {}  # (cache file, key) -> costs
 
 
@@ -154,22 +137,16 @@ class StepCosts:
     the steps the engine actually takes. A real step does more than the probe (sampling, bookkeeping, a longer
     context) and a shared machine's speed drifts, so what is learnt is the ratio of a step's measured time to
     its probed time at that exact row count (interpolated between the probes at the bucket's ends, b/2 and b:
-    a draining batch crosses a whole bucket, and at 64 rows a step with two drafts cost 145 ms while its
-    running average, taken as rows finished, said 123; the plain steps, all measured at 64 rows, then looked
-    dear). A K measured at least twice at this batch bucket costs its probe times its running average ratio, in
+    a draining batch crosses a whole bucket). A K measured at least twice at this batch bucket costs its probe times its running average ratio, in
     which a measurement's weight decays with the steps taken at the bucket since (a K not taken for a while is
     re-learnt from its next measurement). Any other K costs its probe times this bucket's plain-step ratio (or
     the mean ratio so far) times that K's ratio relative to plain steps at the nearest bucket that measured
-    both: the probe misses more of a drafting step than of a plain one (at 64 rows a K = 1 step took 1.41x its
-    probe, a plain one 1.31x), and trying each K out at a large batch, where it loses, cost the first batch-64
-    generation 13% in the benchmark when the batch-16 steps had already shown it. A K's own measurement,
-    once `refresh` steps old, fades towards that estimate (by `forget` a step): a K measured dear is not taken
-    again, so a dear measurement stayed (at batch 1, K = 4 at 1.91x its probe from the second step of a
-    process, never tried again in 300 steps while K = 3 ran at 1.4x). The engine takes
-    K = 0 twice per bucket first, and again after every `refresh` steps without one (`wants_baseline`): plain
-    decoding is the step every other K must beat, and a baseline measured only in a generation's first, slow
-    steps stayed: at batch 64 it stood at 107.6 ms against ~90 ms for plain steps later, and drafting was chosen
-    where it did not pay."""
+    both: the probe misses more of a drafting step than of a plain one, and trying each K out at a large batch,
+    where it loses, is dear when smaller batches have already shown it. A K's own measurement, once `refresh`
+    steps old, fades towards that estimate (by `forget` a step): a K measured dear is not taken again, so a
+    dear measurement would otherwise stay. The engine takes K = 0 twice per bucket first, and again after every
+    `refresh` steps without one (`wants_baseline`): plain decoding is the step every other K must beat, and a
+    baseline measured only in a generation's first, slow steps would stay."""
 
     def __init__(self, target, mtp, max_k: int, decay: float = 0.8, refresh: int = 32, forget: float = 0.98):
         self.target, self.mtp, self.max_k, self.decay, self.refresh = target, mtp, max_k, decay, refresh
@@ -253,8 +230,8 @@ class StepCosts:
 def step_costs_for(target, mtp, max_k: int) -> StepCosts:
     """The StepCosts of this target, its kernels and this MTP, kept on the MTP across generate calls: a process
     that generates again and again (RL rollouts, bench repetitions) measures plain steps and each K once, not
-    once per call. Per call, the two forced plain steps per batch bucket cost a draining 32-row RL batch up to
-    12 plain steps (buckets 32 down to 1) out of its ~60."""
+    once per call (per call, the two forced plain steps per batch bucket would cost a draining batch two plain
+    steps at every bucket it passes through)."""
     kept = mtp.__dict__.setdefault("_step_costs", {})
     key = (id(target), str(target.embed.weight.dtype), tuple(target.attention), target.linear, target.compiled, max_k)
     if key not in kept:
@@ -341,14 +318,13 @@ def choose_draft_len(alphas: torch.Tensor, costs: list[float], max_k: int, drain
 
 
 # Drafting must promise this much less time than plain decoding. The costs and acceptances behind the promise
-# are estimates (a probe that missed a third of a drafting step's extra cost at 16 rows, running averages on a
-# shared machine), and the two errors do not cost alike: a plain step wrongly taken loses the predicted gain,
+# are estimates (a probe, running averages on a shared machine), and the two errors do not cost alike: a plain step wrongly taken loses the predicted gain,
 # a drafting step wrongly taken loses its own extra cost and, in a draining batch, scatters the rows.
 DRAFT_MARGIN = 0.05
 
 
-# The arithmetic below runs every step on a few dozen numbers, in numpy: as torch ops it took ~0.3 ms a step
-# at batch 64 (each op's dispatch, and caches cold after the forward), 0.4% of a plain step there.
+# The arithmetic below runs every step on a few dozen numbers, in numpy: as torch ops each op's dispatch (and
+# caches cold after the forward) costs more than the arithmetic.
 
 def emitted_moments(alphas, max_k: int):
     """Mean and variance of the tokens a step with K = 0..max_k drafts emits per row ([..., max_k + 1]), for
@@ -381,8 +357,7 @@ def drain_seconds(row_alphas: torch.Tensor, remaining: torch.Tensor, costs: list
     S_r = R_r / E_K,r steps, give or take sigma_r: sqrt(R_r * V_K,r / E_K,r^3) from each step's luck (V: the
     variance of the tokens a step emits) and, from the uncertainty of the row's acceptance, the steps it needs
     at acceptances one `row_spread` lower. The last of n rows lands about z_n * sigma later (z_n: the expected
-    maximum of n standard normals). At batch 64 and 64 tokens, rows that drafted finished over ~10 steps past
-    the others, ~10% of the decode time, while plain decoding ended every row in the same step."""
+    maximum of n standard normals)."""
     n = len(remaining)
     alphas = row_alphas.double().numpy()
     mean, var = emitted_moments(alphas, max_k)  # [n, max_k + 1]

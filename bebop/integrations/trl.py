@@ -38,6 +38,7 @@ from bebop.models.decoder import Decoder, convert_hf_state_dict
 from bebop.models.registry import DEFAULT_MODEL, DTYPES, load_model
 from bebop.drafts.mtp import MTP, default_mtp, load_mtp, shipped_draft
 from bebop.sampling import SamplingParams
+from bebop.seeds import row_seeds
 
 
 def weight_pairs(decoder: Decoder, hf_model) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -224,7 +225,7 @@ class BebopRollout:
             self.synced_step = step
         params = self.sampling_params(trainer)
         base = trainer.args.seed if self.seed is None else self.seed
-        seeds = [base * 1_000_003 + self.samples + i for i in range(len(prompt_ids))]
+        seeds = row_seeds(base, len(prompt_ids), first=self.samples)
         self.samples += len(prompt_ids)
 
         start = time.perf_counter()

@@ -4,10 +4,10 @@ Names follow TRL's GRPOConfig where TRL has the option."""
 import os
 from dataclasses import dataclass, fields
 
+from bebop.engine.generation import MODES as ROLLOUTS
 from bebop.errors import BebopError
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
-ROLLOUTS = ("ar", "spec", "spec-greedy")
 BACKENDS = ("bebop", "vllm")
 MTP_STRATEGIES = ("frozen", "online-ce", "online-kl", "online-e2e-tv")
 ASYNC_MODES = ("off", "one-step")

@@ -40,6 +40,7 @@ from bebop.rl import grpo
 from bebop.rl.config import RLConfig
 from bebop.rl.trainer import MTP_LOSS, Sample, mtp_step, policy_step, probe_bf16
 from bebop.sampling import SamplingParams
+from bebop.seeds import batch_seed
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -282,10 +283,6 @@ def check_sync(worker, policy: Decoder, probe_ids: list[int], dtype: str, draft_
 
 # ----- data order -----
 
-def batch_seed(seed: int, step: int) -> int:
-    return (seed * 1_000_003 + step * 7919 + 17) % (2 ** 31)
-
-
 def step_prompts(pool: list, prompt_ids: list[list[int]], cfg: RLConfig, step: int):
     """Batch `step`: prompts_per_step tasks in the run's fixed order, each repeated num_generations times."""
     idx = [(step * cfg.prompts_per_step + i) % len(pool) for i in range(cfg.prompts_per_step)]
@@ -407,10 +404,7 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
         state = load_checkpoint(out, policy, mtp if online else None, opt, mtp_opt)
         start, pending = state["step"], state["pending"]
         for name in ("metrics.jsonl", "eval.jsonl"):  # drop rows logged after the checkpoint: they are redone
-            path = out / name
-            if path.exists():
-                rows = [r for r in path.read_text().splitlines() if json.loads(r)["step"] <= start]
-                path.write_text("".join(r + "\n" for r in rows))
+            checkpoint.truncate_log(out / name, start)
 
     probe_ids = eval_ids[0] + pool_ids[0]  # a fixed sequence the sync check scores on both sides
     draft_tol, engine_args = float("inf"), None

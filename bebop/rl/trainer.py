@@ -5,17 +5,17 @@ with bf16 matrix units is several times faster. Micro-batches accumulate gradien
 one step on the whole batch (bebop.rl.grpo.token_weights); then gradient clipping and AdamW.
 """
 
-import contextlib
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from bebop.engine.scheduler import right_pad
 from bebop.rl import grpo
 from bebop.rl.config import RLConfig
 from bebop.training.losses import loss_value
-from bebop.training.train import depth_tensors
+from bebop.training.targets import autocast, depth_tensors
 
 MTP_LOSS = {"online-ce": "ce", "online-kl": "kl", "online-e2e-tv": "e2e-tv"}
 
@@ -29,19 +29,13 @@ class Sample:
     advantage: float = 0.0
 
 
-def autocast(model, enabled: bool):
-    device = model.embed.weight.device.type
-    return torch.autocast(device, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
-
-
 def pack(samples: list[Sample], device):
     """Right-padded [B, S] prompt+completion tokens, prompt and completion lengths, sampling log-probs [B, Lc]."""
     seqs = [s.prompt_ids + s.completion_ids for s in samples]
-    tokens = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)
+    tokens = right_pad(seqs)
     lc = max(max(len(s.completion_ids) for s in samples), 1)
     sampling = torch.zeros(len(samples), lc)
-    for i, (seq, s) in enumerate(zip(seqs, samples)):
-        tokens[i, :len(seq)] = torch.tensor(seq)
+    for i, s in enumerate(samples):
         sampling[i, :len(s.sampling_logps)] = torch.tensor(s.sampling_logps)
     plen = torch.tensor([len(s.prompt_ids) for s in samples])
     clen = torch.tensor([len(s.completion_ids) for s in samples])

@@ -22,7 +22,8 @@ import torch
 from tqdm import tqdm
 
 from bebop.engine.draft_len import probe_buckets
-from bebop.engine.generation import DEFAULT_MAX_DRAFT_LEN, SpecStats, generate
+from bebop.engine.generation import DEFAULT_MAX_DRAFT_LEN, generate
+from bebop.engine.stats import SpecStats
 from bebop.models import cpu
 from bebop.sampling import SamplingParams
 
@@ -58,16 +59,6 @@ def hf_generate(hf_model, tokenizer, prompts, max_new_tokens, params: SamplingPa
     return int(first.sum())
 
 
-def merge(total: SpecStats, s: SpecStats):
-    total.draft_len = s.draft_len
-    total.steps += s.steps
-    total.drafted += s.drafted
-    total.accepted += s.accepted
-    total.accepted_at = [a + b for a, b in zip(total.accepted_at or [0] * len(s.accepted_at), s.accepted_at)]
-    total.tokens += s.tokens
-    total.entropy_sum += s.entropy_sum
-
-
 def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: list[str], draft_len: int,
               params: SamplingParams, max_new_tokens: int, seed: int = 0, repeats: int = 3, mtp=None,
               hf_model=None, tokenizer=None, ignore_eos: bool = False, vllm: dict | None = None) -> list[dict]:
@@ -86,8 +77,7 @@ def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: li
         elif mode in (vllm or {}):
             r = vllm[mode].generate(batch, max_new_tokens, params.temperature, params.top_p, params.top_k,
                                     seeds=[seed + rep * bs + i for i in range(bs)], ignore_eos=ignore_eos)
-            stats = SpecStats(draft_len=len(r["accepted_at"]), steps=r["drafts"], drafted=r["drafted"],
-                              accepted=r["accepted"], accepted_at=r["accepted_at"]) if r["drafts"] else None
+            stats = SpecStats.from_vllm(r) if r["drafts"] else None
             return r["seconds"], sum(map(len, r["tokens"])), stats
         else:
             model.compiled = mode.endswith(COMPILED) if compared else loaded
@@ -115,7 +105,7 @@ def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: li
                     a["time"] += dt
                     a["tokens"] += tokens
                     if stats is not None:
-                        merge(a["stats"], stats)
+                        a["stats"].add(stats)
                     bar.update(1)
     results = []
     for bs in batch_sizes:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from bebop.engine.scheduler import right_pad
 from bebop.io import write_text_atomic
 
 BLOCK = 256  # sequences per resumable block (sorted by length inside it: little padding)
@@ -98,7 +99,7 @@ class TargetFeatures:
         bar.close()
 
     def _forward(self, model, part, capture):
-        tokens, lens = pad([self.seqs[i] for i in part])
+        tokens, lens = padded([self.seqs[i] for i in part])
         device = model.embed.weight.device
         out = model.forward_full(tokens.to(device), capture=capture)
         last, captured = out if capture else (out, None)
@@ -134,7 +135,7 @@ class TargetFeatures:
     def get(self, idx: list[int], dtype=torch.float32):
         """A right-padded batch: tokens, lengths, prompt lengths, last hidden [B, S, d], lse [B, S] and the
         captured layers concatenated [B, S, n*d] (None without feature layers), on the target's device."""
-        tokens, lens = pad([self.seqs[i] for i in idx])
+        tokens, lens = padded([self.seqs[i] for i in idx])
         S, device = tokens.shape[1], self.target.embed.weight.device
         hidden = self._rows(self.hidden[self.last], idx, S, torch.bfloat16).to(device, dtype)
         lse = self._rows(self.lse, idx, S, torch.float32).to(device)
@@ -146,9 +147,6 @@ class TargetFeatures:
         return tokens.to(device), lens.to(device), prompt_lens.to(device), hidden, lse, captured
 
 
-def pad(seqs):
-    lens = torch.tensor([len(s) for s in seqs])
-    out = torch.zeros(len(seqs), int(lens.max()), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        out[i, :len(s)] = s
-    return out, lens
+def padded(seqs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded [N, longest] token ids of `seqs` (1-d tensors) and their lengths [N]."""
+    return right_pad(seqs), torch.tensor([len(s) for s in seqs])

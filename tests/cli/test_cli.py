@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from bebop.engine import draft_len as autodraft
+import bebop.engine.draft_len as autodraft
 from bebop.engine.draft_len import COST_FILE
 from bebop.cli import main
 from bebop.training.data import DEFAULT_MIX

@@ -16,6 +16,7 @@ import torch
 
 import bebop.engine.draft_len as autodraft
 import bebop.engine.generation as engine
+import bebop.engine.step as step
 import bebop.sampling as sampling
 from bebop.studies.exactness import goodness_of_fit as gof
 from bebop.studies.exactness import two_sample
@@ -234,7 +235,7 @@ def test_exactness_check_catches_unverified_drafts(sharp, monkeypatch):
         bonus = sampling.sample(target_probs[:, K], final_u)
         return torch.cat([draft_tokens, bonus[:, None]], 1), torch.full((B,), K)
 
-    monkeypatch.setattr(engine, "rejection_sample_uniform", accept_all)
+    monkeypatch.setattr(step, "rejection_sample_uniform", accept_all)
     gen = generate(model, [prompt] * ROWS, 3, SHARP, mode="spec", mtp=mtp, draft_len=2, seed=14, eos_ids=[])
     toks, ref = token_matrix(gen), token_matrix(ar)
     assert two_sample(toks[:, 1], ref[:, 1]) < P_BAD
@@ -640,7 +641,7 @@ def test_request_filling_the_whole_context(warm, draft_len, monkeypatch):
 
 
 def test_compaction_fills_finished_slots_with_the_last_rows():
-    from bebop.engine.generation import compaction
+    from bebop.engine.scheduler import compaction
 
     assert compaction(6, {1, 4}).tolist() == [0, 5, 2, 3]  # row 5 moves into 1; 4 is beyond the new size
     assert compaction(4, {0, 1}).tolist() == [3, 2]

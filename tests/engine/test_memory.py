@@ -2,7 +2,7 @@ import ctypes
 import ctypes.util
 import sys
 
-from bebop.engine.generation import memory
+from bebop.engine import memory
 
 
 def glibc() -> bool:

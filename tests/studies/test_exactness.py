@@ -9,7 +9,7 @@ import torch
 
 from bebop import sampling
 
-from bebop.engine import generation as engine
+import bebop.engine.step as engine
 from bebop.studies.exactness import check_exactness
 from bebop.cli import main
 

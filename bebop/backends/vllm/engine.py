@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 
+from bebop.engine.stats import SpecStats
 from bebop.errors import BebopError
 
 
@@ -49,11 +50,10 @@ def spec_counters(metrics) -> dict:
 
 
 def acceptance(c: dict) -> dict:
-    """bebop's acceptance figures from vLLM's counters (NOTES.md section 4)."""
-    drafts, drafted = c["drafts"], c["drafted"]
-    return {**c, "acceptance_rate": c["accepted"] / drafted if drafted else None,
-            "mean_acceptance_length": 1 + c["accepted"] / drafts if drafts else None,
-            "per_position_acceptance": [a / drafts for a in c["accepted_at"]] if drafts else []}
+    """bebop's acceptance figures from vLLM's counters (as SpecStats computes them)."""
+    stats = SpecStats.from_vllm(c)
+    return {**c, "acceptance_rate": stats.acceptance_rate, "mean_acceptance_length": stats.mean_acceptance_length,
+            "per_position_acceptance": stats.per_position_acceptance}
 
 
 def counters_between(before: dict, after: dict) -> dict:

@@ -28,7 +28,9 @@ import time
 
 import torch
 
+from bebop.engine.stats import SpecStats
 from bebop.errors import BebopError
+from bebop.seeds import row_seeds
 
 # bebop module name -> vLLM's, inside one decoder layer (Llama, Qwen and EAGLE-3 alike)
 LAYER_NAMES = {"wqkv": "self_attn.qkv_proj", "wo": "self_attn.o_proj", "q_norm": "self_attn.q_norm",
@@ -154,24 +156,20 @@ class VllmRolloutWorker:
         """`seed`: the batch's (row b draws from seed * 1_000_003 + b) or one per row."""
         from vllm import SamplingParams
 
-        from bebop.backends.vllm.engine import acceptance, counters_between, spec_counters
+        from bebop.backends.vllm.engine import counters_between, spec_counters
 
         t0 = time.perf_counter()
-        seeds = seed if isinstance(seed, list) else [seed * 1_000_003 + b for b in range(len(prompts))]
+        seeds = seed if isinstance(seed, list) else row_seeds(seed, len(prompts))
         params = [SamplingParams(temperature=self.temperature, max_tokens=max_new_tokens, logprobs=0, seed=s % 2**63,
                                  stop_token_ids=self.eos_ids, detokenize=False) for s in seeds]
         before = spec_counters(self.llm.get_metrics())
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         delta = counters_between(before, spec_counters(self.llm.get_metrics()))
-        acc = acceptance(delta)
         tokens = [list(o.outputs[0].token_ids) for o in outputs]
         logprobs = [[d[t].logprob for d, t in zip(o.outputs[0].logprobs, toks)] for o, toks in zip(outputs, tokens)]
-        stats = {"acceptance_rate": acc["acceptance_rate"], "mean_acceptance_length": acc["mean_acceptance_length"],
-                 "per_position_acceptance": acc["per_position_acceptance"], "mean_entropy": None,
-                 "mean_draft_len": (delta["drafted"] / delta["drafts"]) if delta["drafts"] else None,
-                 "drafted": delta["drafted"], "accepted": delta["accepted"], "steps": delta["drafts"],
-                 "tokens": sum(map(len, tokens))}
-        return {"tokens": tokens, "logprobs": logprobs, "entropies": None, "stats": stats, "version": self.version,
+        stats = SpecStats.from_vllm(delta)
+        stats.tokens = sum(map(len, tokens))
+        return {"tokens": tokens, "logprobs": logprobs, "entropies": None, "stats": stats.summary(), "version": self.version,
                 "rollout_s": time.perf_counter() - t0}
 
 

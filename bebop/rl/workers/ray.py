@@ -22,6 +22,8 @@ import torch
 
 from bebop.errors import BebopError
 from bebop.engine.memory import retain_freed_memory
+from bebop.engine.stats import SpecStats
+from bebop.seeds import row_seeds
 
 MAX_RESTARTS = 3  # per actor, over the run
 RESTART_TIMEOUT_S = 120
@@ -83,17 +85,7 @@ def connect(address: str | None, cpus: int):
 
 def merge_stats(parts: list[dict]) -> dict:
     """One batch's statistics from its shards' (sums of counts; ratios re-formed from them)."""
-    total = lambda k: sum(p[k] or 0 for p in parts)
-    steps, drafted, accepted, tokens = total("steps"), total("drafted"), total("accepted"), total("tokens")
-    k = max((len(p["per_position_acceptance"]) for p in parts), default=0)
-    per_pos = [sum(p["per_position_acceptance"][i] * p["steps"] for p in parts if len(p["per_position_acceptance"]) > i)
-               / steps for i in range(k)] if steps else []
-    entropies = [(p["mean_entropy"], p["tokens"]) for p in parts if p["mean_entropy"] is not None]
-    return {"acceptance_rate": accepted / drafted if drafted else None,
-            "mean_acceptance_length": 1 + accepted / steps if steps else None, "per_position_acceptance": per_pos,
-            "mean_entropy": sum(e * n for e, n in entropies) / max(sum(n for _, n in entropies), 1) if entropies else None,
-            "mean_draft_len": drafted / steps if steps else None, "drafted": drafted, "accepted": accepted,
-            "steps": steps, "tokens": tokens}
+    return SpecStats.total(SpecStats.from_summary(p) for p in parts).summary()
 
 
 class RayWorkers:
@@ -170,7 +162,7 @@ class RayWorkers:
         self._call_all("load_weights", *self.weights)
 
     def submit(self, prompts: list[list[int]], max_new_tokens: int, seed: int) -> None:
-        seeds = [seed * 1_000_003 + b for b in range(len(prompts))]
+        seeds = row_seeds(seed, len(prompts))
         cuts = [len(prompts) * i // self.n for i in range(self.n + 1)]
         self.pending = (time.perf_counter(), [(prompts[a:b], max_new_tokens, seeds[a:b]) for a, b in zip(cuts, cuts[1:])])
         self.futures = [(i, a.generate.remote(*shard)) for i, (a, shard) in enumerate(zip(self.actors, self.pending[1]))

@@ -1,0 +1,130 @@
+"""One speculative step for every decoding row at once, read top to bottom (`speculative_step`):
+
+  1. draft   (K > 0) the draft first catches up on the positions the target committed since it last ran (from
+             the target's hidden states), which yields draft 1; then it recurses on its own hidden states for
+             drafts 2..K. `spec` samples x_i ~ q_i; `spec-greedy` takes x_i = argmax q_i.
+  2. verify  the target scores [pending token, x_1..x_K] in one forward: p_1..p_{K+1}.
+  3. accept  rejection sampling (bebop.sampling) keeps a prefix of the drafts plus one corrected/bonus token.
+  4. commit  each row advances its own KV-cache length by its own count; rejected entries are simply
+             overwritten later.
+K = 0 is a plain decoding step: verify one token, sample from p_1. Plain steps only pile their positions up for
+the draft (`Rows`), fed to it by `catch_up` when drafting resumes.
+Every row draws its uniforms from its own generator, 2K + 1 per step, so with a fixed K a request's output
+depends neither on the other rows nor on when it joined.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from bebop.drafts.mtp import MTP, target_forward
+from bebop.models.decoder import Decoder
+from bebop.sampling import SamplingParams, probabilities, rejection_sample_uniform, sample
+
+NO_REQUEST = -1  # the request of an empty row
+
+
+def draft(mtp: MTP, tokens, feats, count, cache, K, params, greedy, u):
+    """Catch up on `count` [B] new positions per row (their tokens and the target's unprojected features, as
+    target_forward returns them), then draft K tokens recursively.
+    Returns draft tokens [B, K] (target vocabulary ids), the distributions to verify them against [B, K, Vd]
+    (one-hot when greedy) and the MTP's own distributions [B, K, Vd], both over the draft vocabulary."""
+    rows = torch.arange(tokens.shape[0])
+    h = mtp(tokens, mtp.features(feats), cache)[rows, count - 1]
+    cache.lengths += count
+    drafts, verify_q, q_own = [], [], []
+    for k in range(K):
+        if k > 0:  # recursion: the previous draft token with the MTP's own previous hidden state
+            h = mtp(drafts[-1].unsqueeze(1), h.unsqueeze(1), cache)[:, 0]
+            cache.lengths += 1
+        q = probabilities(mtp.draft_logits(h), params)
+        idx = q.argmax(-1) if greedy else sample(q, u[:, k])
+        drafts.append(idx if len(mtp.vocab_ids) == 0 else mtp.vocab_ids[idx])
+        q_own.append(q)
+        verify_q.append(torch.zeros_like(q).scatter_(-1, idx.unsqueeze(-1), 1.0) if greedy else q)
+    cache.lengths -= K - 1  # speculative entries are not committed; the next catch-up overwrites them
+    return torch.stack(drafts, 1), torch.stack(verify_q, 1), torch.stack(q_own, 1)
+
+
+def catch_up(mtp: MTP, tokens, feats, count, cache):
+    """Feed the MTP all but the last of each row's pending positions, without drafting: the positions plain
+    steps (K = 0) piled up, when drafting resumes. Returns the new, one-long pile."""
+    rows = torch.arange(tokens.shape[0])
+    mtp(tokens, mtp.features(feats), cache)
+    cache.lengths += count - 1
+    last = count - 1
+    return tokens[rows, last].unsqueeze(1), feats[rows, last].unsqueeze(1), torch.ones_like(count)
+
+
+@dataclass
+class Rows:
+    """What each decoding row carries from step to step; row r holds request `request[r]`. The pile is what the
+    MTP has yet to see: for each position the target committed since the MTP last ran, the target's features
+    there (unprojected, as target_forward returns them) and the token after it."""
+    request: list[int]  # the request in each row
+    gen: list[torch.Generator]  # that request's generator: every uniform it draws
+    n_out: torch.Tensor  # [B] tokens emitted so far
+    pending: torch.Tensor  # [B] the last emitted token, not yet seen by the target
+    pile_tokens: torch.Tensor  # [B, W]
+    pile_feats: torch.Tensor  # [B, W, F]
+    pile_count: torch.Tensor  # [B] pile positions in use per row (W >= max)
+
+    @classmethod
+    def empty(cls, batch: int, feat_dim: int, dtype) -> "Rows":
+        return cls([NO_REQUEST] * batch, [None] * batch, torch.zeros(batch, dtype=torch.long),
+                   torch.zeros(batch, dtype=torch.long), torch.zeros(batch, 1, dtype=torch.long),
+                   torch.zeros(batch, 1, feat_dim, dtype=dtype), torch.ones(batch, dtype=torch.long))
+
+    def __len__(self) -> int:
+        return len(self.request)
+
+    def keep(self, keep: torch.Tensor) -> "Rows":
+        return Rows([self.request[r] for r in keep], [self.gen[r] for r in keep], self.n_out[keep],
+                    self.pending[keep], self.pile_tokens[keep], self.pile_feats[keep], self.pile_count[keep])
+
+    def commit_pile(self, K: int, step_tokens, feats, num_accepted) -> None:
+        """After a step: with drafts, the MTP has seen the drafted positions and must next see the accepted
+        ones; after a plain step the one committed position joins the pile."""
+        if K:
+            self.pile_tokens, self.pile_feats, self.pile_count = step_tokens.clamp_min(0), feats, num_accepted + 1
+            return
+        if int(self.pile_count.max()) == self.pile_tokens.shape[1]:  # full: twice as wide, a copy per doubling
+            self.pile_tokens = torch.cat([self.pile_tokens, torch.zeros_like(self.pile_tokens)], 1)
+            self.pile_feats = torch.cat([self.pile_feats, torch.zeros_like(self.pile_feats)], 1)
+        rows = torch.arange(len(self))
+        self.pile_tokens[rows, self.pile_count] = step_tokens[:, 0]
+        self.pile_feats[rows, self.pile_count] = feats[:, 0]
+        self.pile_count = self.pile_count + 1
+
+
+def speculative_step(target: Decoder, mtp: MTP | None, rows: Rows, cache, mcache, K: int, params: SamplingParams,
+                     greedy: bool, vocab_ids):
+    """One step for every row: draft K tokens, verify them in one target forward, accept a prefix by rejection
+    sampling, commit it (K = 0: a plain decoding step). Returns the step's tokens [B, K+1] (-1 past each row's
+    accepted drafts and its one corrected or bonus token), num_accepted [B], the target's distributions
+    p [B, K+1, V] and the MTP's own q [B, K, Vd] (None without drafts)."""
+    B = len(rows)
+    # every row draws 2K+1 uniforms from its own generator: K to draft, K to accept, one for the last token
+    u = torch.stack([torch.rand(2 * K + 1, generator=g, dtype=torch.float64) for g in rows.gen])  # [B, 2K+1]
+    # 1. draft: the MTP catches up on the pile, which yields draft 1, then recurses for drafts 2..K
+    q_own = None
+    if K:
+        width = int(rows.pile_count.max())
+        drafts, verify_q, q_own = draft(mtp, rows.pile_tokens[:, :width], rows.pile_feats[:, :width],
+                                        rows.pile_count, mcache, K, params, greedy, u[:, :K])
+        tokens = torch.cat([rows.pending.unsqueeze(1), drafts], 1)  # [B, K+1]
+    else:
+        drafts = verify_q = torch.zeros(B, 0, dtype=torch.long)
+        tokens = rows.pending.unsqueeze(1)  # [B, 1]
+    # 2. verify: the target scores [pending, x_1..x_K] in one forward
+    hidden, feats = target_forward(target, mtp, tokens, cache)
+    p = probabilities(target.logits(hidden), params)
+    # 3. accept
+    step_tokens, num_accepted = rejection_sample_uniform(p, verify_q, drafts, u[:, K:2 * K], u[:, 2 * K],
+                                                         vocab_ids=vocab_ids)
+    # 4. commit: each row's cache advances by its own count; rejected entries are overwritten later
+    cache.lengths += num_accepted + 1
+    if mtp is not None:
+        rows.commit_pile(K, step_tokens, feats, num_accepted)
+    rows.pending = step_tokens[torch.arange(B), num_accepted]
+    return step_tokens, num_accepted, p, q_own
