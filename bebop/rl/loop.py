@@ -37,10 +37,10 @@ from bebop.rl.trainer import MTP_LOSS, Sample, bf16_autocast_is_faster, mtp_step
 from bebop.rl.workers import RolloutWorker, make_workers
 
 # old names, kept for one release
-from bebop.rl.sync import SYNC_GAP_FACTOR, SYNC_PROBE_TOL, model_spec, token_logprobs  # noqa: F401, E402
-from bebop.rl.trainer import probe_bf16  # noqa: F401, E402
-from bebop.rl.workers.local import LocalWorker  # noqa: E402
-from bebop.rl.workers.process import WorkerProcess, worker_main  # noqa: F401, E402
+from bebop.rl.sync import SYNC_GAP_FACTOR, SYNC_PROBE_TOL, model_spec, token_logprobs  # noqa: F401
+from bebop.rl.trainer import probe_bf16  # noqa: F401
+from bebop.rl.workers.local import LocalWorker
+from bebop.rl.workers.process import WorkerProcess, worker_main  # noqa: F401
 
 
 @dataclass
