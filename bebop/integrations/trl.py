@@ -26,17 +26,25 @@ Timings and acceptance go into TRL's metrics (`bebop/...`), averaged and logged 
 logging step.
 """
 
+import os
+import tempfile
 import time
 
 import torch
 from trl.data_utils import is_conversational
 
-from bebop.engine.generation import MODES, generate
-from bebop.errors import BebopError
-from bebop.engine.memory import retain_freed_memory
-from bebop.models.decoder import Decoder, convert_hf_state_dict
-from bebop.models.registry import DEFAULT_MODEL, DTYPES, load_model
+from bebop.backends.vllm.engine import installed
+from bebop.backends.vllm.worker import DRAFT_CHECK_TOL, vllm_args
 from bebop.drafts.mtp import MTP, default_mtp, load_mtp, shipped_draft
+from bebop.engine.generation import MODES, generate
+from bebop.engine.memory import retain_freed_memory
+from bebop.errors import BebopError
+from bebop.models import DTYPES
+from bebop.models.decoder import Decoder, convert_hf_state_dict
+from bebop.models.registry import DEFAULT_MODEL, hf_dir, load_model
+from bebop.rl.config import RLConfig
+from bebop.rl.sync import check_sync, mtp_state, policy_state
+from bebop.rl.workers.process import WorkerProcess
 from bebop.sampling import SamplingParams
 from bebop.seeds import row_seeds
 
@@ -100,9 +108,6 @@ class BebopRollout:
             raise BebopError(f"unknown backend '{backend}' (choose from bebop, vllm)")
         self.backend, self.worker, self.model_dir = backend, None, None
         if backend == "vllm":
-            from bebop.backends.vllm.engine import installed
-            from bebop.models.registry import hf_dir
-
             if not installed():
                 raise BebopError("backend='vllm' needs vLLM: pip install 'bebop[vllm]'")
             if mode != "ar" and not isinstance(draft_len, int):
@@ -175,15 +180,8 @@ class BebopRollout:
 
     # ----- vLLM as the engine (backend="vllm") -----
     def start_vllm(self, trainer, probe_ids: list[int]) -> None:
-        """vLLM in a process of its own (bebop.rl.loop.WorkerProcess), sampling at the trainer's temperature
-        and EOS; its log and the draft's export go to a fresh temporary directory."""
-        import os
-        import tempfile
-
-        from bebop.rl.config import RLConfig
-        from bebop.rl.loop import WorkerProcess
-        from bebop.backends.vllm.worker import vllm_args
-
+        """vLLM in a process of its own (bebop.rl.workers.process.WorkerProcess), sampling at the trainer's
+        temperature and EOS; its log and the draft's export go to a fresh temporary directory."""
         if trainer.top_p != 1.0 or trainer.top_k:
             raise BebopError("backend='vllm' samples with temperature only here: set top_p=1.0 and top_k=0")
         self.decoder.eos_ids = list(trainer.eos_token_ids)
@@ -197,10 +195,7 @@ class BebopRollout:
 
     def sync_vllm(self, step: int, first: bool) -> None:
         """bebop's copy of the weights (just synced) into vLLM (the frozen draft's only at the first sync), then
-        the check that vLLM computes what they compute."""
-        from bebop.rl.loop import check_sync, mtp_state, policy_state
-        from bebop.backends.vllm.worker import DRAFT_CHECK_TOL
-
+        the check that vLLM computes what they compute (bebop.rl.sync.check_sync)."""
         self.worker.load_weights(policy_state(self.decoder), mtp_state(self.mtp) if first else {}, step)
         check_sync(self.worker, self.decoder, self.probe_ids, self.dtype, DRAFT_CHECK_TOL)
 

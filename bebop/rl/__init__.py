@@ -1,2 +1,2 @@
 """GRPO with speculative rollouts: config (options), grpo (advantages, losses), trainer (policy and MTP updates),
-pipeline (rollout worker, async modes, weight sync, the run loop), report (`bebop report`)."""
+sync (weight sync and its check), workers (where rollouts run), loop (async modes, checkpoints, the run)."""

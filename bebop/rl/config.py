@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass, fields
 
 from bebop.engine.generation import MODES as ROLLOUTS
+from bebop import models
 from bebop.errors import BebopError
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
@@ -13,7 +14,7 @@ MTP_STRATEGIES = ("frozen", "online-ce", "online-kl", "online-e2e-tv")
 ASYNC_MODES = ("off", "one-step")
 SCALE_REWARDS = ("group", "batch", "none")
 AUTOCAST = ("auto", "bf16", "off")
-DTYPES = ("bfloat16", "float32")
+DTYPES = tuple(sorted(models.DTYPES))  # --rollout-dtype's names: bfloat16, float32
 
 
 @dataclass

@@ -146,7 +146,7 @@ def mtp_step(mtp, opt, policy, samples: list[Sample], cfg: RLConfig, use_bf16: b
     return {"mtp_loss": total}
 
 
-def probe_bf16(policy, micro_batch_size: int, seq_len: int, reps: int = 1) -> tuple[bool, dict]:
+def bf16_autocast_is_faster(policy, micro_batch_size: int, seq_len: int, reps: int = 1) -> tuple[bool, dict]:
     """Time forward+backward of one micro-batch with and without bf16 autocast (interleaved, after a warm-up);
     True if autocast is faster on this machine. Gradients are cleared afterwards."""
     tokens = torch.randint(0, policy.cfg.vocab_size, (micro_batch_size, seq_len), device=policy.embed.weight.device)
@@ -163,3 +163,6 @@ def probe_bf16(policy, micro_batch_size: int, seq_len: int, reps: int = 1) -> tu
     policy.zero_grad(set_to_none=True)
     fp32, bf16 = min(times[False]), min(times[True])
     return bf16 < fp32, {"fp32_s": fp32, "bf16_s": bf16}
+
+
+probe_bf16 = bf16_autocast_is_faster  # old name, kept for one release

@@ -77,13 +77,6 @@ def frequent_tokens(rows: list[dict], n: int, always=()) -> torch.Tensor:
     return torch.tensor(sorted(ids)[: max(n, len(always))], dtype=torch.long)
 
 
-def frequent_tokens(rows: list[dict], n: int, always=()) -> torch.Tensor:
-    counts = Counter(t for r in rows for t in r["completion_ids"])
-    counts.update(t for r in rows for t in r["prompt_ids"])
-    ids = set(always) | {t for t, _ in counts.most_common(n)}
-    return torch.tensor(sorted(ids)[: max(n, len(always))], dtype=torch.long)
-
-
 @torch.no_grad()
 def teacher_forced_eval(mtp, feats: TargetFeatures, K, T, batch_size=8) -> dict:
     """Held-out acceptance if every earlier draft was accepted: mean alpha per depth and E[A] (cheap, exact),

@@ -1,5 +1,5 @@
-"""vLLM as the rollout engine of `bebop rl` (`--rollout-backend vllm`): the same plain-data worker interface as
-bebop's RolloutWorker (`load_weights`, `generate`), run inside the rollout process that bebop.rl.loop spawns.
+"""vLLM as the rollout engine of `bebop rl` (`--rollout-backend vllm`): a rollout worker with the same plain-data
+interface as bebop's own (bebop.rl.workers.base), run inside the rollout process or Ray actor the RL loop starts.
 
 vLLM runs in that process itself (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, one CPU worker, as TRL's colocate mode),
 so a weight sync is a copy from the trainer's shared-memory tensors into vLLM's parameters, no file and no
@@ -10,9 +10,9 @@ serialisation:
   2. repack   `quant_method.process_weights_after_loading` on every layer that holds a weight, as vLLM's own
               loader does: packed linears, and the tied LM head whose packed copy reads the embedding;
   3. reset    the prefix cache (its blocks were computed with the old weights);
-  4. check    vLLM's log-probs of a fixed probe sequence against the trainer's (bebop.rl.loop), and every
-              draft linear against the weights it should hold: a sync that leaves the policy or the draft
-              stale (vLLM PR #46725, SGLang #27718, miles #1926) stops the run instead of corrupting it.
+  4. check    vLLM's log-probs of a fixed probe sequence against the trainer's (bebop.rl.sync.check_sync), and
+              every draft linear against the weights it should hold: a sync that leaves the policy or the draft
+              stale stops the run instead of corrupting it.
 The EAGLE-3 draft is vLLM's drafter (`model_runner.drafter.model`); it shares the policy's embedding module
 (vLLM shares it when the checkpoint has none, as bebop's drafts do), and with an online MTP strategy its own
 weights are written the same way.
@@ -21,16 +21,21 @@ Rollouts: per-request seeds (row b of a batch with seed s draws from s * 1_000_0
 seeds its rows), the sampled tokens' log-probs of the distribution actually sampled (`processed_logprobs`),
 EOS tokens kept at the end of a completion as bebop's engine keeps them, acceptance from vLLM's own counters
 diffed around the batch. vLLM does not return entropies: the trainer's recomputation stands in for them.
+Nothing here imports vLLM until a worker starts.
 """
 
 import os
 import time
+from pathlib import Path
 
 import torch
 
 from bebop.engine.stats import SpecStats
 from bebop.errors import BebopError
 from bebop.seeds import row_seeds
+from bebop.backends.vllm.engine import installed
+from bebop.drafts.formats import export_eagle3
+from bebop.models.registry import hf_dir
 
 # bebop module name -> vLLM's, inside one decoder layer (Llama, Qwen and EAGLE-3 alike)
 LAYER_NAMES = {"wqkv": "self_attn.qkv_proj", "wo": "self_attn.o_proj", "q_norm": "self_attn.q_norm",
@@ -38,7 +43,7 @@ LAYER_NAMES = {"wqkv": "self_attn.qkv_proj", "wo": "self_attn.o_proj", "q_norm":
                "w13": "mlp.gate_up_proj", "w2": "mlp.down_proj",
                "enorm": "input_layernorm", "hnorm": "hidden_norm"}  # EAGLE-3: embedding and hidden-state norms
 TOP_NAMES = {"embed": "model.embed_tokens", "norm": "model.norm", "lm_head": "lm_head", "fc": "model.fc"}
-DRAFT_CHECK_TOL = 0.05  # max relative error of a draft linear's output against bebop's weights (bf16: ~0.01)
+DRAFT_CHECK_TOL = 0.05  # max relative error of a draft linear's output against bebop's weights
 
 
 def vllm_name(name: str) -> str:
@@ -82,7 +87,8 @@ def write_weights(model: torch.nn.Module, tensors: dict) -> None:
 
 def check_draft(drafter: torch.nn.Module, tensors: dict, seed: int = 0) -> float:
     """The largest relative error of vLLM's draft linears (their packed form included) on a random input,
-    against the same products with the weights bebop holds: ~0.01 in bf16, ~1 for a stale or foreign draft."""
+    against the same products with the weights bebop holds: small for the weights sent, of order 1 for a stale
+    or foreign draft."""
     modules = dict(drafter.named_modules())
     g = torch.Generator().manual_seed(seed)
     worst = 0.0
@@ -98,9 +104,10 @@ def check_draft(drafter: torch.nn.Module, tensors: dict, seed: int = 0) -> float
 
 
 class VllmRolloutWorker:
-    """vLLM with bebop's worker interface. `spec` is bebop.rl.loop.model_spec's; `model_dir` the policy's
-    Hugging Face directory (its architecture and tokenizer: the weights come from the trainer at the first
-    sync); `draft_dir` an EAGLE-3 export for the speculative rollouts."""
+    """vLLM behind the RolloutWorker interface (bebop.rl.workers.base). `spec` is a model spec
+    (bebop.rl.sync.model_spec; its eos_ids are read); `model_dir` the policy's Hugging Face directory (its
+    architecture and tokenizer: the weights come from the trainer at the first sync); `draft_dir` an EAGLE-3
+    export for the speculative rollouts."""
 
     def __init__(self, spec: dict, dtype: str, rollout: str, draft_len: int, temperature: float, threads: int,
                  model_dir: str, draft_dir: str | None, max_model_len: int, seed: int, first_core: int | None = None):
@@ -172,17 +179,21 @@ class VllmRolloutWorker:
         return {"tokens": tokens, "logprobs": logprobs, "entropies": None, "stats": stats.summary(), "version": self.version,
                 "rollout_s": time.perf_counter() - t0}
 
+    def submit(self, prompts: list[list[int]], max_new_tokens: int, seed: int | list[int]) -> None:
+        self._pending = self.generate(prompts, max_new_tokens, seed)
+
+    def reply(self) -> dict:
+        out, self._pending = self._pending, None
+        return out
+
+    def close(self) -> None:
+        pass  # vLLM goes with the process it runs in
+
 
 def vllm_args(cfg, mtp, out, max_model_len: int) -> dict:
     """What the worker process needs beyond bebop's own worker's: the policy's Hugging Face directory, the draft
     exported as EAGLE-3 into the run directory (vLLM loads drafts from disk), the log file. Refuses, with one
-    line and before anything starts, what vLLM cannot run."""
-    from pathlib import Path
-
-    from bebop.drafts.formats import export_eagle3
-    from bebop.backends.vllm.engine import installed
-    from bebop.models.registry import hf_dir
-
+    line and before anything starts, what vLLM cannot run. `cfg` needs rollout, model and seed (an RLConfig)."""
     if not installed():
         raise BebopError("--rollout-backend vllm needs vLLM: pip install 'bebop[vllm]'")
     draft = None

@@ -1,8 +1,7 @@
 """Rollout workers as Ray actors (`bebop rl --ray [ADDRESS] --rollout-workers N`), as verl and OpenRLHF place
-theirs: N actors of either backend (bebop's RolloutWorker or vLLM's) in one placement group, one bundle of
-`threads` CPUs each; the trainer stays in the driver. `RayWorkers` has the interface the pipeline drives
-(load_weights, submit, reply, probe, close), so the RL loop, its async modes and its staleness accounting do
-not change.
+theirs: N actors of either backend (bebop's worker or vLLM's) in one placement group, one bundle of
+`threads` CPUs each; the trainer stays in the driver. `RayWorkers` is a RolloutWorker (bebop.rl.workers.base),
+so the RL loop, its async modes and its staleness accounting do not change.
 
   weights   one `ray.put` per sync (the policy, and the draft when it trains, in the rollout dtype); every
             actor reads that one object from the object store.
@@ -20,10 +19,12 @@ import time
 
 import torch
 
-from bebop.errors import BebopError
 from bebop.engine.memory import retain_freed_memory
 from bebop.engine.stats import SpecStats
 from bebop.seeds import row_seeds
+from bebop.errors import BebopError
+from bebop.models import DTYPES
+from bebop.rl.workers.local import in_process_worker
 
 MAX_RESTARTS = 3  # per actor, over the run
 RESTART_TIMEOUT_S = 120
@@ -35,20 +36,14 @@ class RolloutActor:
     def __init__(self, spec, dtype, rollout, draft_len, max_draft_len, temperature, threads, vllm_args):
         torch.set_num_threads(threads)
         retain_freed_memory()
-        if vllm_args is None:
-            from bebop.rl.loop import RolloutWorker
-
-            self.worker = RolloutWorker(spec, dtype, rollout, draft_len, max_draft_len, temperature)
-        else:
-            from bebop.backends.vllm.worker import VllmRolloutWorker
-
-            self.worker = VllmRolloutWorker(spec, dtype, rollout, draft_len, temperature, threads, **vllm_args)
+        self.worker = in_process_worker(spec, dtype, rollout, draft_len, max_draft_len, temperature, threads, vllm_args)
 
     def load_weights(self, weights: dict, version: int) -> None:
         self.worker.load_weights(weights["policy"], weights["mtp"], version)
 
     def generate(self, prompts, max_new_tokens, seeds) -> dict:
-        return self.worker.generate(prompts, max_new_tokens, seeds)
+        self.worker.submit(prompts, max_new_tokens, seeds)
+        return self.worker.reply()
 
     def probe(self, ids) -> dict:
         return self.worker.probe(ids)
@@ -89,9 +84,9 @@ def merge_stats(parts: list[dict]) -> dict:
 
 
 class RayWorkers:
-    def __init__(self, spec: dict, cfg, dtype: str, threads: int, vllm_args: dict | None = None):
-        from bebop.rl.loop import DTYPES
+    """N RolloutActors behind the RolloutWorker interface: a batch split into shards, one per actor."""
 
+    def __init__(self, spec: dict, cfg, dtype: str, threads: int, vllm_args: dict | None = None):
         ray, self.started = connect(cfg.ray if cfg.ray != "local" else None, cfg.total_threads())
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

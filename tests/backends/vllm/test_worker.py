@@ -16,7 +16,9 @@ from bebop.errors import BebopError
 from bebop.models.registry import chat_ids, load_model
 from bebop.rl import grpo
 from bebop.rl.config import RLConfig
-from bebop.rl.loop import WorkerProcess, check_sync, mtp_state, policy_state, run_rl, token_logprobs
+from bebop.rl.loop import run_rl
+from bebop.rl.sync import check_sync, mtp_state, policy_state, token_logprobs
+from bebop.rl.workers.process import WorkerProcess
 from bebop.rl.trainer import Sample, completion_logps, pack, policy_step
 from bebop.backends.vllm.worker import DRAFT_CHECK_TOL, vllm_args, vllm_name
 

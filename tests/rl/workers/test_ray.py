@@ -11,7 +11,8 @@ from bebop.errors import BebopError
 from bebop.models.registry import chat_ids, load_model
 from bebop.drafts.mtp import new_mtp
 from bebop.rl.config import RLConfig
-from bebop.rl.loop import model_spec, mtp_state, policy_state, run_rl
+from bebop.rl.loop import run_rl
+from bebop.rl.sync import model_spec, mtp_state, policy_state
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                  reason="Ray is not installed here (make test installs bebop[ray])"),
@@ -79,7 +80,7 @@ def test_a_worker_killed_mid_batch_is_restarted_and_the_batch_completes(ray_loca
         assert got["tokens"] == clean["tokens"] and flat(got["logprobs"]) == pytest.approx(flat(clean["logprobs"]))
         assert got["stats"]["tokens"] == sum(map(len, got["tokens"]))
         # the restarted actor holds the trainer's weights (the sync check passes), a stale copy fails it
-        from bebop.rl.loop import check_sync
+        from bebop.rl.sync import check_sync
 
         probe = prompts[0]
         assert check_sync(workers, policy, probe, "float32", float("inf"))["sync_probe_error"] < 1e-4

@@ -1,0 +1,23 @@
+import json
+
+import pytest
+
+from bebop.models.registry import load_model
+
+
+@pytest.fixture
+def probed_tiny_llama(tmp_path, monkeypatch):
+    """probed_tiny_llama(attention, linear, fp32_attention): tiny-llama with a private cache whose dtype probe says
+    bf16 with `attention` and `linear` (fp32 plain)."""
+    def make(attention, linear, fp32_attention=("sdpa", "sdpa")):
+        from bebop.models import tuning as auto_dtype
+
+        monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
+        policy, _ = load_model("tiny-llama")
+        key = auto_dtype.probe_key("tiny-llama", policy.embed.weight.device)
+        (tmp_path / auto_dtype.CACHE_FILE).write_text(json.dumps({key: {
+            "attention_for": {"float32": list(fp32_attention), "bfloat16": list(attention)},
+            "linear_for": {"float32": "plain", "bfloat16": linear}}}))
+        return policy
+
+    return make
