@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from bebop.errors import BebopError
-from bebop.models.decoder import Block, Decoder, Linear, RMSNorm, set_linear
+from bebop.models.decoder import Block, Decoder, RMSNorm
+from bebop.models.kernels import Linear, set_linear
 from bebop.drafts.mtp import MTP, MTPConfig
 
 N_FEATURE_LAYERS = 3  # vLLM's and SGLang's fc is [d, 3d]

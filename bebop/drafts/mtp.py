@@ -25,7 +25,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from bebop.errors import BebopError
-from bebop.models.decoder import PAGED, Block, Decoder, KVCache, Linear, RMSNorm, set_linear, step_positions
+from bebop.models.cache import KVCache, step_positions
+from bebop.models.decoder import Block, Decoder, RMSNorm
+from bebop.models.kernels import PAGED, Linear, set_linear
 
 
 @dataclass

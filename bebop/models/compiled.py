@@ -8,7 +8,7 @@ by default for its compile time: smollm2-135m's 30-layer graph takes 42-65 s per
 and 11-13 s on a warm one (most of it dynamo tracing the stack again), and a generation meets several.
 
 Shapes are dynamic: one graph serves every batch size, number of new tokens and cache length between two of the
-row-count bounds of the layers' kernels (decoder.linear_rows), so a generation meets up to one graph per kernel
+row-count bounds of the layers' kernels (kernels.linear_rows), so a generation meets up to one graph per kernel
 range (4 on the Intel Xeon with AMX). That is over a paged cache; elsewhere torch also specialises size 1 (one
 row, one new token) as it does by default (sizes_of_one_specialised). Each compiles once per process on first use, with
 a line on stderr saying so and how long it took; inductor's graph cache, kept in bebop's cache dir, makes a
@@ -17,10 +17,10 @@ later process load the compiled code instead of building it.
 What makes the compiled step compute what eager computes (tests/test_compiled.py):
 - vLLM's CPU kernels (bebop.models.cpu) write into a buffer they are given and return nothing: that is all
   the compiler needs to know of them (register_kernels). Paged attention is one opaque op
-  (decoder.paged_attention_op), since its kernels' registration would have the compiler trace into them.
-- each layer's KV buffer is its own allocation (decoder.KVCache): writes through views of one base were
+  (kernels.paged_attention_op), since its kernels' registration would have the compiler trace into them.
+- each layer's KV buffer is its own allocation (cache.KVCache): writes through views of one base were
   miscompiled (distributions L1 ~1.96 from eager at batch > 1).
-- the weights' fast copies (decoder.Linear) are rebuilt where stale before every compiled call, outside the
+- the weights' fast copies (kernels.Linear) are rebuilt where stale before every compiled call, outside the
   graph, which reads them as they are.
 """
 
@@ -33,6 +33,7 @@ import torch
 from tqdm import tqdm
 
 from bebop.models import cpu
+from bebop.models.kernels import DECODE_MAX_T, PAGED, Linear, linear_rows
 
 PAGE_OR_MORE = 32  # warm-up caches: positions (a paged cache's block)
 
@@ -95,8 +96,6 @@ def compiled(fn):
 
 def fast_linears(model) -> list:
     """The model's linears that multiply with a fast kernel's copy of their weight (looked up once)."""
-    from bebop.models.decoder import Linear
-
     found = model.__dict__.get("_fast_linears")
     if found is None or found[0] != model.linear:
         found = model.__dict__["_fast_linears"] = (
@@ -126,19 +125,15 @@ def sizes_of_one_specialised(model) -> bool:
     paged cache. With a paged cache sizes of 1 are traced as any other size (backed_size_oblivious), and one
     graph serves every shape between two of the linear kinds' row-count bounds: 4 graphs in a generation at
     16 rows, where there were 8-11. Traced so, sizes are taken to be >= 2, and anything whose layout depends on
-    a size being 1 guards and splits the graphs again (decoder.apply_rope, decoder.paged_attention_op). On the
+    a size being 1 guards and splits the graphs again (decoder.apply_rope, kernels.paged_attention_op). On the
     SDPA path inductor's layout check for the attention's inputs fails on such sizes, so it keeps the default."""
-    from bebop.models.decoder import PAGED
-
     return model.attention[0] != PAGED
 
 
 def shape_class(model, B: int, T: int, capture: tuple[int, ...] = ()) -> tuple:
     """What torch compiles a graph apart for, roughly: the model's dtype and kernels, one row or more and one new
     token or more (sizes_of_one_specialised), and the row-count ranges of its linear kinds
-    (decoder.linear_rows)."""
-    from bebop.models.decoder import linear_rows
-
+    (kernels.linear_rows)."""
     known = model.__dict__.get("_row_bounds")
     if known is None or known[0] != model.linear:
         known = model.__dict__["_row_bounds"] = (
@@ -185,8 +180,6 @@ def warm_up(model, batch: int, max_new: int, capture: tuple[int, ...] = ()) -> N
     `max_new` new tokens per row meet (a generation's rows shrink one by one as they finish), capturing the
     layers `capture` (an EAGLE-3 draft's features), so that no compile lands inside the timed or
     latency-bound part of a run. Each class once per process."""
-    from bebop.models.decoder import DECODE_MAX_T
-
     todo = {}
     for B in range(1, batch + 1):
         for T in range(1, min(max_new, DECODE_MAX_T) + 1):

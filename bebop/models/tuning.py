@@ -2,7 +2,7 @@
 
 Whether bf16 pays depends on the CPU (the same model decoded 2x faster in bf16 on an AMD EPYC with avx512_bf16
 and 1.4x slower on an Intel Xeon with AMX), and so do the faster decode attention kernel and whether packed
-weights pay (decoder.py), so all are measured: a few interleaved forwards of the actual model, per (dtype,
+weights pay (bebop.models.kernels), so all are measured: a few interleaved forwards of the actual model, per (dtype,
 attention kernel, linear kind), at batch 1 and 16. Only what this machine can run is timed (bebop.models.cpu:
 no packed bf16 linears without native bf16), and a kernel that raises anyway is dropped with a note. The answer
 is cached in the bebop cache dir, keyed by everything that changes it: CPU model and capability, torch version,
@@ -23,8 +23,8 @@ from tqdm import tqdm
 from bebop.io import write_text_atomic
 from bebop.errors import BebopError
 from bebop.models import compiled, cpu
-from bebop.models.decoder import (ATTENTION_KINDS, PAGED, Decoder, Linear, amx_weights, onednn_weights, packs_weights,
-                                  paged_runs)
+from bebop.models.decoder import Decoder
+from bebop.models.kernels import ATTENTION_KINDS, PAGED, amx_weights, onednn_weights, packs_weights, paged_runs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CACHE_FILE = "dtype-probe-v6.json"  # v2: a kernel for one new token and one for several; v3: linear kind;
@@ -74,7 +74,7 @@ def time_forward(model: Decoder, batch: int, new_tokens: int) -> float:
 
 
 def linear_kinds(dtype: torch.dtype, device: torch.device) -> tuple[str, ...]:
-    """The linear kinds this machine can run in `dtype` (decoder.LINEAR_KINDS): packed only where oneDNN packs
+    """The linear kinds this machine can run in `dtype` (kernels.LINEAR_KINDS): packed only where oneDNN packs
     it, amx only where AMX and vLLM's CPU kernels are, onednn where vLLM's kernels are (bebop.models.cpu)."""
     return ("plain",) + ("packed",) * packs_weights(dtype, device) + ("amx",) * amx_weights(dtype, device) \
         + ("onednn",) * onednn_weights(dtype, device)
@@ -82,7 +82,7 @@ def linear_kinds(dtype: torch.dtype, device: torch.device) -> tuple[str, ...]:
 
 def row_choice(model: Decoder, kinds, default: str, timer=time_forward, repeats: int = ROW_REPEATS) -> tuple[str, dict]:
     """The linear kind for each row count of ROW_SHAPES: `default` (the whole-forward probe's best single kind),
-    or another of `kinds` where it is 5% faster there; as a linear kind per row count (decoder.linear_rows),
+    or another of `kinds` where it is 5% faster there; as a linear kind per row count (kernels.linear_rows),
     e.g. "amx:1,onednn:4,amx:16,onednn"; and the milliseconds measured, {kind: [fastest ms per shape]}. Whole
     forwards (weights stream from memory as in generation; one layer timed again and again keeps its weight in
     the cache and favours other kernels). At each shape the kinds run back to back, and a kind is judged by the
@@ -121,7 +121,7 @@ def row_choice(model: Decoder, kinds, default: str, timer=time_forward, repeats:
 
 def attention_kinds(dtype: torch.dtype, model: Decoder) -> tuple[str, ...]:
     """The attention kinds to time in `dtype`: every per-phase kernel, and "paged" (vLLM's CPU attention over
-    a paged cache, for every phase at once) where it runs (decoder.paged_runs)."""
+    a paged cache, for every phase at once) where it runs (kernels.paged_runs)."""
     runs = paged_runs(dtype, model.embed.weight.device, model.cfg.head_dim)
     return ATTENTION_KINDS + (PAGED,) * runs
 

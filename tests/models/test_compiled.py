@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from bebop.models import compiled, cpu
-from bebop.models.decoder import PAGED, paged_runs
+from bebop.models.kernels import PAGED, paged_runs
 from bebop.models.tuning import linear_kinds
 
 

@@ -169,7 +169,7 @@ def tiny_llama_probed(tmp_path, monkeypatch, attention, linear, fp32_attention=(
 def test_rollout_worker_runs_the_kernels_probed_for_its_dtype(tmp_path, monkeypatch):
     """The rollout copy is built bare from the policy's config: it must still run the attention kernels and
     linear kind this machine's probe chose for the rollout dtype (not the fp32 policy's, not the defaults)."""
-    from bebop.models.decoder import Linear
+    from bebop.models.kernels import Linear
     from bebop.rl.loop import LocalWorker, model_spec
 
     policy = tiny_llama_probed(tmp_path, monkeypatch, ["folded", "matmul"], "packed", fp32_attention=["sdpa", "matmul"])
@@ -185,7 +185,7 @@ def test_sync_check_on_amx_linears_passes_after_each_sync_and_catches_a_stale_co
     sync (in place, as training updates them) the copy must be rebuilt, so the sync check passes at every
     version, and a worker that did not take the new weights fails it."""
     from bebop.models import cpu
-    from bebop.models.decoder import Linear
+    from bebop.models.kernels import Linear
     from bebop.rl.loop import LocalWorker, check_sync, model_spec, policy_state
 
     if not cpu.amx_bf16_linears():
