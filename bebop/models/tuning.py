@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from bebop.io import write_text_atomic
 from bebop.errors import BebopError
-from bebop.models import compiled, cpu
+from bebop.models import cpu
 from bebop.models.decoder import Decoder
 from bebop.models.kernels import ATTENTION_KINDS, PAGED, amx_weights, onednn_weights, packs_weights, paged_runs
 
@@ -266,7 +266,7 @@ def read_cache(cache_dir) -> dict:
         return {}
 
 
-def choose(model: Decoder, model_name: str, cache_dir, timer=time_forward) -> dict:
+def choose(model: Decoder, model_name: str, cache_dir, timer=time_forward, compile_mode: str = "0") -> dict:
     """The probe's answer for this model on this machine: from the cache file, else measured and stored."""
     path = cache_dir / CACHE_FILE
     key = probe_key(model_name, model.embed.weight.device)
@@ -275,7 +275,7 @@ def choose(model: Decoder, model_name: str, cache_dir, timer=time_forward) -> di
     if changed:
         known[key] = probe(model, timer)
     choice = known[key]
-    if compiled.mode() == "auto" and "compiled" not in choice:  # timed once asked for (BEBOP_COMPILE=auto)
+    if compile_mode == "auto" and "compiled" not in choice:  # timed once asked for
         chosen = copy.deepcopy(model).to(DTYPES[choice["dtype"]])  # the compiled step, as it would run
         chosen.attention, chosen.linear = tuple(choice["attention"]), choice["linear"]
         choice["compiled"], choice["compiled_ms"], choice["compile_s"] = compile_choice(chosen, timer)
