@@ -58,8 +58,7 @@ class DecoderConfig:
 
 class RMSNorm(nn.Module):
     """F.rms_norm; outside autograd, bf16 on a CPU where vLLM's kernels are loaded (bebop.models.cpu), vLLM's
-    one-pass kernel instead: the same fp32 arithmetic, 7-9% off a whole bf16 generation at batch 1-16 on this
-    Xeon (61 norms a token, each several small torch ops otherwise)."""
+    one-pass kernel instead: the same fp32 arithmetic in one op (several small torch ops otherwise)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -90,7 +89,7 @@ def apply_rope(x, cos, signed_sin):
     """x [B, H, T, D]; cos/signed_sin [B, 1, T, D]. The 'rotate half' convention of transformers' Llama,
     x * cos + cat(-x2, x1) * sin, written as x * cos + cat(x2, x1) * cat(-sin, sin): the sign moved into the
     table makes the rotation one cat of the two halves instead of two slices, a negation and a cat, with
-    bit-identical results (tests/test_models.py). (x.roll(half, -1) is the same cat; compiled, its decomposition
+    bit-identical results (tests/models/test_decoder.py). (x.roll(half, -1) is the same cat; compiled, its decomposition
     copies in a layout that depends on whether B or T is 1, and every graph was guarded on it.)"""
     half = x.shape[-1] // 2
     return x * cos + torch.cat([x[..., half:], x[..., :half]], -1) * signed_sin

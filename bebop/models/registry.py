@@ -18,9 +18,8 @@ from safetensors.torch import save_file
 
 from bebop.errors import BebopError
 from bebop.models.decoder import Decoder
-from bebop.models import compiled
-from bebop.models import tuning as auto_dtype
-from bebop.models.tuning import DTYPES
+from bebop.models import DTYPES, compiled
+from bebop.models import tuning
 
 DEFAULT_MODEL = "smollm2-135m"
 CHATML_TEMPLATE = (
@@ -234,13 +233,13 @@ def probed_choice(decoder, name: str) -> dict | None:
     the cache, so every run and resume on a machine decides alike. None for the seeded test models."""
     if name in TINY:
         return None
-    return auto_dtype.choose(decoder, probe_name(name), cache_dir(), compile_mode=decoder.compile_mode)
+    return tuning.choose(decoder, probe_name(name), cache_dir(), compile_mode=decoder.compile_mode)
 
 
 def probed_entry(decoder) -> dict | None:
     """This machine's cached probe answer for the model, None where it was never probed."""
-    key = auto_dtype.probe_key(probe_name(decoder.name), decoder.embed.weight.device) if decoder.name else None
-    return auto_dtype.read_cache(cache_dir()).get(key) if key else None
+    key = tuning.cache_key(probe_name(decoder.name), decoder.embed.weight.device) if decoder.name else None
+    return tuning.read_cache(cache_dir()).get(key) if key else None
 
 
 def probed_kernels(decoder, dtype: str) -> tuple[tuple[str, str], str]:
