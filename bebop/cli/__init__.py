@@ -184,7 +184,7 @@ def pick_mtp(spec: str | None, model):
     """--mtp: a checkpoint path or EAGLE-3 directory, 'random' / 'random-eagle3' (seeded fresh drafts), or None
     (the model's default)."""
     from bebop.drafts.eagle3 import new_eagle3
-    from bebop.drafts.mtp import default_mtp, load_mtp, new_mtp
+    from bebop.drafts.registry import default_mtp, load_mtp, new_mtp
 
     if spec == "random":
         return new_mtp(model)
@@ -318,7 +318,7 @@ def cmd_export(args):
     from bebop.drafts.eagle3 import Eagle3
     from bebop.drafts.formats import export_eagle3
     from bebop.models.registry import load_model
-    from bebop.drafts.mtp import shipped_draft
+    from bebop.drafts.registry import shipped_draft
 
     check_model_args(args)
     check_output_dir(args.out, "--out")
@@ -517,7 +517,7 @@ def cmd_rl(args):
     policy, tok = load_model(cfg.model)  # fp32 master weights; rollouts use their own --rollout-dtype copy
     mtp = None
     if cfg.rollout != "ar" and cfg.rollout_backend == "vllm" and cfg.mtp is None:
-        from bebop.drafts.mtp import shipped_draft
+        from bebop.drafts.registry import shipped_draft
 
         mtp = shipped_draft(policy, "eagle3")  # vLLM loads EAGLE-3 drafts: the model's shipped one
         if mtp is None:

@@ -30,7 +30,7 @@ import torch
 from bebop.io import write_text_atomic
 from bebop.models import registry
 from bebop.models import cpu
-from bebop.drafts.mtp import target_forward
+from bebop.drafts.base import target_forward
 from bebop.sampling import SamplingParams, entropy, probabilities, rejection_sample_uniform, sample
 
 COST_FILE = "draft-costs-v4.json"  # v3: the probe also times rejection sampling and the entropies; v4: an

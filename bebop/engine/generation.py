@@ -42,7 +42,7 @@ from bebop.engine.draft_len import Acceptance, bucket, choose_draft_len, step_co
 from bebop.errors import BebopError
 from bebop.models import compiled
 from bebop.models.decoder import Decoder
-from bebop.drafts.mtp import MTP, target_forward
+from bebop.drafts.base import Draft as MTP, target_forward
 from bebop.sampling import SamplingParams, entropy, probabilities, rejection_sample_uniform, sample, token_stats
 
 MODES = ("ar", "spec", "spec-greedy")

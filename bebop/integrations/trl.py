@@ -36,7 +36,7 @@ from bebop.errors import BebopError
 from bebop.engine.memory import retain_freed_memory
 from bebop.models.decoder import Decoder, convert_hf_state_dict
 from bebop.models.registry import DEFAULT_MODEL, DTYPES, load_model
-from bebop.drafts.mtp import MTP, default_mtp, load_mtp, shipped_draft
+from bebop.drafts.registry import Draft as MTP, default_mtp, load_mtp, shipped_draft
 from bebop.sampling import SamplingParams
 
 

@@ -32,7 +32,7 @@ from bebop import io as checkpoint
 from bebop.engine.generation import generate
 from bebop.errors import BebopError
 from bebop.engine.memory import retain_freed_memory
-from bebop.drafts.mtp import MTP, build_draft
+from bebop.drafts.registry import Draft as MTP, build_draft
 from bebop.models import cpu
 from bebop.models.decoder import Decoder
 from bebop.models.registry import probed_choice, probed_compiled, probed_kernels

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bebop.training.data import load_split
 from bebop.engine.generation import generate
-from bebop.drafts.mtp import load_mtp
+from bebop.drafts.registry import load_mtp
 from bebop.sampling import SamplingParams
 from bebop.training.train import TrainConfig, has_checkpoint, train_mtp
 

@@ -35,7 +35,7 @@ from bebop.errors import BebopError
 from bebop.training.features import TargetFeatures
 from bebop.training.losses import LOSSES, loss_at, loss_value
 from bebop.models.registry import probed_choice
-from bebop.drafts.mtp import MTP, load_mtp, mtp_from_state, new_mtp, target_signature
+from bebop.drafts.registry import Draft as MTP, load_mtp, mtp_from_state, new_mtp, target_signature
 from bebop.sampling import SamplingParams
 
 

@@ -24,7 +24,7 @@ from bebop.engine.generation import generate
 from bebop.errors import BebopError
 from bebop.models import cpu
 from bebop.models.registry import chat_ids
-from bebop.drafts.mtp import default_mtp, new_mtp, shipped_draft
+from bebop.drafts.registry import default_mtp, new_mtp, shipped_draft
 from bebop.sampling import SamplingParams, probabilities
 
 P_OK, P_BAD = 1e-3, 1e-6
