@@ -149,7 +149,7 @@ def test_a_generation_after_the_warm_up_compiles_nothing(tiny_qwen3, mode, tmp_p
     drafts fewer than the most are a view with the row stride of the longest, and recompiled on it)."""
     from torch._dynamo.utils import counters
 
-    from bebop.engine.generation import generation as engine
+    from bebop.engine import generation as engine
     from bebop.drafts.eagle3 import new_eagle3
     from bebop.engine.generation import generate
 
