@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 
 # Module names from before the stages became folders, still importable for one release (with a warning).
 MOVED_MODULES = {
-    "bebop.mtp": "bebop.drafts.mtp",
+    "bebop.mtp": "bebop.drafts.registry",
     "bebop.eagle3": "bebop.drafts.eagle3",
     "bebop.export": "bebop.drafts.formats",
     "bebop.autodraft": "bebop.engine.draft_len",

@@ -19,7 +19,7 @@ import torch
 from bebop.engine.generation import generate
 from bebop.models.cpu import cpu_model
 from bebop.models.registry import chat_ids, load_model
-from bebop.drafts.mtp import default_mtp
+from bebop.drafts.registry import default_mtp
 from bebop.sampling import SamplingParams
 from bebop.tasks import default_prompts
 

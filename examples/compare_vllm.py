@@ -19,7 +19,7 @@ from bebop.studies.bench import merge
 from bebop.engine.generation import SpecStats, generate
 from bebop.models import cpu
 from bebop.models.registry import chat_ids, hf_dir, load_model
-from bebop.drafts.mtp import load_mtp
+from bebop.drafts.registry import load_mtp
 from bebop.sampling import SamplingParams
 from bebop.tasks import load_prompts_file
 

@@ -13,7 +13,7 @@ import torch
 from bebop.training.data import load_meta, load_split
 from bebop.training.features import TargetFeatures
 from bebop.models.registry import load_model
-from bebop.drafts.mtp import load_mtp
+from bebop.drafts.registry import load_mtp
 from bebop.training.train import feature_store, teacher_forced_eval
 
 parser = argparse.ArgumentParser()

@@ -11,7 +11,7 @@ from bebop.cli.checks import (at_least, check_context, check_model_args, check_o
 from bebop.cli.loading import load, pick_mtp
 from bebop.drafts.eagle3 import Eagle3
 from bebop.drafts.formats import export_eagle3
-from bebop.drafts.mtp import shipped_draft
+from bebop.drafts.registry import shipped_draft
 from bebop.engine.generation import MODES as ENGINE_MODES
 from bebop.engine.generation import generate
 from bebop.errors import BebopError

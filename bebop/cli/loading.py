@@ -1,7 +1,6 @@
 """The model and draft a command names (--model, --mtp), loaded."""
 
-from bebop.drafts.eagle3 import new_eagle3
-from bebop.drafts.mtp import default_mtp, load_mtp, new_mtp
+from bebop.drafts.registry import default_draft, load_draft, new_draft
 from bebop.models.registry import load_model
 
 
@@ -9,10 +8,10 @@ def pick_mtp(spec: str | None, model):
     """--mtp: a checkpoint path or EAGLE-3 directory, 'random' / 'random-eagle3' (seeded fresh drafts), or None
     (the model's default)."""
     if spec == "random":
-        return new_mtp(model)
+        return new_draft(model, "mtp")
     if spec == "random-eagle3":
-        return new_eagle3(model)
-    return load_mtp(spec, model) if spec else default_mtp(model)
+        return new_draft(model, "eagle3")
+    return load_draft(spec, model) if spec else default_draft(model)
 
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bebop.backends.vllm import engine as vllm_engine
 from bebop.cli.loading import pick_mtp
-from bebop.drafts.mtp import shipped_draft
+from bebop.drafts.registry import shipped_draft
 from bebop.errors import BebopError
 from bebop.models.registry import hf_dir, load_model
 from bebop.rl.config import RLConfig

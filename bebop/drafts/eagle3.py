@@ -8,8 +8,9 @@ draft's own output at depth k - 1 (`fc` is not applied again):
     h' = r + MLP(post_attention_layernorm(r))                                 (pre-norm output: the next depth's h)
     q  = softmax(lm_head(norm(h')))                                           (its own norm and head)
 Its `lm_head` covers a reduced draft vocabulary (`vocab_ids`, EAGLE-3's d2t/t2d); q is 0 elsewhere, so
-rejection sampling stays exact. The engine, training, losses and analysis drive it exactly as the DeepSeek
-MTP (bebop.drafts.mtp), whose interface it keeps; bebop names map to the engines' names in bebop.drafts.formats.
+rejection sampling stays exact. The engine, training, losses and analysis drive it through the Draft interface
+(bebop.drafts.base), as the DeepSeek MTP (bebop.drafts.mtp); bebop names map to the engines' names in
+bebop.drafts.formats.
 """
 
 import dataclasses
@@ -17,9 +18,10 @@ import dataclasses
 import torch
 from torch import nn
 
+from bebop.drafts.base import Draft, DraftConfig, register_draft
 from bebop.errors import BebopError
-from bebop.models.decoder import Block, Decoder, Linear, RMSNorm, set_linear
-from bebop.drafts.mtp import MTP, MTPConfig
+from bebop.models.decoder import Block, Decoder, RMSNorm
+from bebop.models.kernels import Linear, set_linear
 
 N_FEATURE_LAYERS = 3  # vLLM's and SGLang's fc is [d, 3d]
 
@@ -45,8 +47,10 @@ class Eagle3Layer(Block):
         self.wqkv = Linear(2 * cfg.dim, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=False)
 
 
-class Eagle3(MTP):
-    arch = "eagle3"
+@register_draft("eagle3")
+class Eagle3(Draft):
+    """The EAGLE-3 draft: `fc` over three target layers, one Eagle3Layer, its own norm and reduced-vocabulary
+    head."""
 
     def check(self, cfg):
         super().check(cfg)
@@ -66,7 +70,7 @@ class Eagle3(MTP):
         self.lm_head = Linear(cfg.dim, cfg.vocab_size, bias=False)  # resized by set_draft_vocab
 
     def set_draft_vocab(self, vocab_ids: torch.Tensor | None):
-        """As MTP.set_draft_vocab (which keeps the target's head rows for the teacher, `head_weight`); the
+        """As Draft.set_draft_vocab (which keeps the target's head rows for the teacher, `head_weight`); the
         draft's own head is resized to the new vocabulary and started from those rows, or kept as it is where
         the vocabulary did not change (a weight sync refreshing `head_weight`)."""
         before = self.vocab_ids
@@ -87,23 +91,27 @@ class Eagle3(MTP):
         return self.lm_head(self.norm(h)).float()
 
 
-def new_eagle3(target: Decoder, seed: int = 0, feature_layers=None) -> Eagle3:
-    """A fresh EAGLE-3 draft that already drafts sanely: `fc` passes the highest feature layer through (plus
-    seeded noise), the layer is the target's last one reading the hidden half (its input norm folded into the
-    weights, the embedding half small noise), the norm and head are the target's."""
-    cfg = target.cfg
-    layers = list(feature_layers) if feature_layers else default_feature_layers(cfg.n_layers)
-    torch.manual_seed(seed)
-    draft = Eagle3(target, MTPConfig(dim=cfg.dim, feature_layers=layers))
-    last, layer = target.layers[-1], draft.blocks[0]
-    d = cfg.dim
-    with torch.no_grad():
-        draft.fc.weight.normal_(std=0.02)
-        draft.fc.weight[:, -d:] += torch.eye(d)
-        layer.wqkv.weight[:, :d].normal_(std=0.02)
-        layer.wqkv.weight[:, d:].copy_(last.wqkv.weight.float() * last.attn_norm.weight.float())
-        for name in ("wo", "w13", "w2", "mlp_norm"):
-            getattr(layer, name).load_state_dict(getattr(last, name).state_dict())
-        draft.norm.weight.copy_(target.norm.weight)
-    draft.set_draft_vocab(None)
-    return draft.to(target.embed.weight.dtype).eval()
+    @classmethod
+    def fresh(cls, target: Decoder, seed: int = 0, feature_layers=None) -> "Eagle3":
+        """A fresh EAGLE-3 draft that already drafts sanely: `fc` passes the highest feature layer through
+        (plus seeded noise), the layer is the target's last one reading the hidden half (its input norm folded
+        into the weights, the embedding half small noise), the norm and head are the target's."""
+        cfg = target.cfg
+        layers = list(feature_layers) if feature_layers else default_feature_layers(cfg.n_layers)
+        torch.manual_seed(seed)
+        draft = cls(target, DraftConfig(dim=cfg.dim, feature_layers=layers))
+        last, layer = target.layers[-1], draft.blocks[0]
+        d = cfg.dim
+        with torch.no_grad():
+            draft.fc.weight.normal_(std=0.02)
+            draft.fc.weight[:, -d:] += torch.eye(d)
+            layer.wqkv.weight[:, :d].normal_(std=0.02)
+            layer.wqkv.weight[:, d:].copy_(last.wqkv.weight.float() * last.attn_norm.weight.float())
+            for name in ("wo", "w13", "w2", "mlp_norm"):
+                getattr(layer, name).load_state_dict(getattr(last, name).state_dict())
+            draft.norm.weight.copy_(target.norm.weight)
+        draft.set_draft_vocab(None)
+        return draft.to(target.embed.weight.dtype).eval()
+
+
+new_eagle3 = Eagle3.fresh  # old name, kept for one release

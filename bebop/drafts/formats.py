@@ -1,17 +1,9 @@
 """EAGLE-3 draft directories, the layout SpecForge writes and vLLM and SGLang load, to and from bebop's Eagle3.
 
 A directory holds `config.json` (a Llama config of the draft: architectures ["LlamaForCausalLMEagle3"], one
-layer, the target's sizes, rope and context) and `model.safetensors`. Weight names, bebop -> the engines':
-    fc.weight                 fc.weight                                     [d, 3d]
-    enorm.weight              midlayer.input_layernorm.weight               (normalises the token embedding)
-    hnorm.weight              midlayer.hidden_norm.weight
-    blocks.0.wqkv.weight      midlayer.self_attn.{q,k,v}_proj.weight        [*, 2d]
-    blocks.0.wo.weight        midlayer.self_attn.o_proj.weight
-    blocks.0.mlp_norm.weight  midlayer.post_attention_layernorm.weight
-    blocks.0.w13.weight       midlayer.mlp.{gate,up}_proj.weight
-    blocks.0.w2.weight        midlayer.mlp.down_proj.weight
-    norm.weight, lm_head.weight (own, [Vd, d])
-    vocab_ids                 d2t int64 [Vd] (target id - draft id) and t2d bool [V], with a reduced vocabulary
+layer, the target's sizes, rope and context) and `model.safetensors`, whose weight names are NAMES (bebop's
+name -> the engines' names, concatenated along dim 0), plus, with a reduced vocabulary, d2t int64 [Vd] (target
+id - draft id) and t2d bool [V] for bebop's `vocab_ids`. A directory must have every name in NAMES.
 The embedding is the target's in both engines; an `embed_tokens.weight` in an imported directory is ignored.
 
 Target layers, the trap: bebop's feature layer i is the OUTPUT of target layer i (-1: the embeddings). vLLM's
@@ -27,13 +19,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bebop.drafts.eagle3 import N_FEATURE_LAYERS, Eagle3, default_feature_layers
+from bebop.drafts.base import Draft, DraftConfig
 from bebop.errors import BebopError
 from bebop.models.decoder import Decoder
-from bebop.drafts.mtp import MTP, MTPConfig
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")  # vLLM's registry knows both names
 WEIGHTS = "model.safetensors"
-# bebop name -> the engines' names, concatenated along dim 0 in this order
+# bebop name -> the engines' names (vLLM and SGLang name them alike), concatenated along dim 0 in this order
 NAMES = {
     "fc.weight": ["fc.weight"],
     "enorm.weight": ["midlayer.input_layernorm.weight"],
@@ -56,7 +48,7 @@ def split_sizes(cfg, ours: str, rows: int) -> list[int]:
             "blocks.0.w13.weight": [cfg.hidden_dim] * 2}.get(ours, [rows])
 
 
-def export_eagle3(draft: MTP, out: str | Path) -> Path:
+def export_eagle3(draft: Draft, out: str | Path) -> Path:
     """Write `draft` as an EAGLE-3 directory. A DeepSeek-layout MTP is refused: neither engine computes it."""
     if not isinstance(draft, Eagle3):
         raise BebopError("this draft is a DeepSeek-layout MTP (eh_proj over [embedding ; hidden], the target's head); "
@@ -143,7 +135,7 @@ def load_eagle3(path: str | Path, target: Decoder) -> Eagle3:
     theirs.pop("t2d", None)
     if theirs:
         raise BebopError(f"{where}: unexpected weights {sorted(theirs)[:4]} (an EAGLE-3 variant bebop does not compute)")
-    draft = Eagle3(target, MTPConfig(dim=c.dim, feature_layers=layers, meta={"imported_from": str(path)}))
+    draft = Eagle3(target, DraftConfig(dim=c.dim, feature_layers=layers, meta={"imported_from": str(path)}))
     vocab = None if d2t is None else d2t.long() + torch.arange(len(d2t))
     if vocab is not None and (len(vocab) != config.get("draft_vocab_size", len(vocab)) or
                               int(vocab.min()) < 0 or int(vocab.max()) >= c.vocab_size or

@@ -27,10 +27,9 @@ import numpy as np
 import torch
 
 from bebop.io import write_text_atomic
-from bebop.models import registry
-from bebop.models import cpu
-from bebop.drafts.mtp import target_forward
+from bebop.drafts.base import target_forward
 from bebop.engine.step import Rows, speculative_step
+from bebop.models import cpu, registry
 from bebop.sampling import SamplingParams, entropy
 
 COST_FILE = "draft-costs-v4.json"  # the version: what the probe times (a new version probes afresh)

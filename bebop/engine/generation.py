@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bebop.drafts.mtp import MTP
+from bebop.drafts.base import Draft
 from bebop.engine.draft_len import Acceptance, StepCosts, bucket, choose_draft_len, step_costs_for
 from bebop.engine.scheduler import Scheduler
 from bebop.engine.stats import SpecStats
@@ -59,7 +59,7 @@ class Decoding:
     vocab_ids: torch.Tensor | None  # the draft vocabulary's target ids (None: the full vocabulary)
 
 
-def check_arguments(target: Decoder, prompts, max_new_tokens: int, mode: str, mtp: MTP | None, draft_len,
+def check_arguments(target: Decoder, prompts, max_new_tokens: int, mode: str, mtp: Draft | None, draft_len,
                     seed, max_batch: int | None, max_draft_len: int) -> tuple[int, bool]:
     """Refuse what generate cannot do; returns the largest K a step may draft and whether steps draft."""
     if mode not in MODES:
@@ -87,7 +87,7 @@ def check_arguments(target: Decoder, prompts, max_new_tokens: int, mode: str, mt
     return (K_max, True) if spec else (0, False)
 
 
-def set_up(target: Decoder, mtp: MTP | None, prompts, max_new_tokens: int, params: SamplingParams, mode: str,
+def set_up(target: Decoder, mtp: Draft | None, prompts, max_new_tokens: int, params: SamplingParams, mode: str,
            K_max: int, auto: bool, seed, eos_ids, max_batch: int | None, on_finish, progress: bool) -> Decoding:
     """The caches, the cost and acceptance estimates of "auto" and the scheduler, for steps of up to K_max
     drafts (mtp is None for plain decoding)."""
@@ -133,7 +133,7 @@ def choose_step_draft_len(d: Decoding, rows: Rows, max_new_tokens: int) -> tuple
     return K, width
 
 
-def feed_pile(d: Decoding, mtp: MTP | None, rows: Rows, K: int, width: int) -> float:
+def feed_pile(d: Decoding, mtp: Draft | None, rows: Rows, K: int, width: int) -> float:
     """The pile goes to the MTP (all but each row's last position, which comes with the drafting) when this
     step drafts after plain steps; timed apart, a cost of the plain steps before. Never while K = 0: a catch-up
     no draft follows (rows finishing on plain steps) is work thrown away. Returns its seconds."""
@@ -148,7 +148,7 @@ def feed_pile(d: Decoding, mtp: MTP | None, rows: Rows, K: int, width: int) -> f
     return fed
 
 
-def trace_step(mtp: MTP, rows: Rows, K: int, num_accepted, p, q_own) -> dict:
+def trace_step(mtp: Draft, rows: Rows, K: int, num_accepted, p, q_own) -> dict:
     """token_stats of every draft position the acceptance walk examined, with its row, depth and outcome."""
     examined = torch.arange(K).unsqueeze(0) <= num_accepted.unsqueeze(1)  # [B, K] reached in the walk
     ts = token_stats(p[:, :K], mtp.full_vocab(q_own))
@@ -157,7 +157,7 @@ def trace_step(mtp: MTP, rows: Rows, K: int, num_accepted, p, q_own) -> dict:
             **{k: v[r_idx, d_idx] for k, v in ts.items()}}
 
 
-def decode(d: Decoding, target: Decoder, mtp: MTP | None, params: SamplingParams, greedy: bool,
+def decode(d: Decoding, target: Decoder, mtp: Draft | None, params: SamplingParams, greedy: bool,
            max_new_tokens: int, trace: bool) -> list[dict]:
     """Step every active row until every request has finished; returns the traced steps (when `trace`)."""
     sched, stats, traced = d.sched, d.sched.stats, []
@@ -186,7 +186,7 @@ def decode(d: Decoding, target: Decoder, mtp: MTP | None, params: SamplingParams
 
 @torch.inference_mode()
 def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams = SamplingParams(),
-             mode: str = "ar", mtp: MTP | None = None, draft_len: int | str = 3, seed: int | list[int] = 0,
+             mode: str = "ar", mtp: Draft | None = None, draft_len: int | str = 3, seed: int | list[int] = 0,
              eos_ids: list[int] | None = None, trace: bool = False, progress: bool = False, *,
              max_batch: int | None = None, max_draft_len: int = DEFAULT_MAX_DRAFT_LEN,
              on_finish: Callable[[int, Rollout], None] | None = None) -> Generation:

@@ -11,7 +11,7 @@ from itertools import islice
 import torch
 from tqdm import tqdm
 
-from bebop.drafts.mtp import MTP, target_forward
+from bebop.drafts.base import Draft, target_forward
 from bebop.engine.draft_len import Acceptance
 from bebop.engine.stats import SpecStats
 from bebop.engine.step import Rows
@@ -50,7 +50,7 @@ class Scheduler:
     admission into free rows (each request's first token sampled from its prefill), recording what each step
     emitted, finishing rows at EOS or the token limit, and compaction once no request waits."""
 
-    def __init__(self, target: Decoder, mtp: MTP | None, prompts, rollouts, max_new_tokens: int,
+    def __init__(self, target: Decoder, mtp: Draft | None, prompts, rollouts, max_new_tokens: int,
                  params: SamplingParams, seed, cache, mcache, eos: set[int], acceptance: Acceptance | None, on_finish,
                  progress: bool, mode: str):
         self.target, self.mtp, self.prompts, self.params = target, mtp, prompts, params

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 import torch
 
-from bebop.drafts.mtp import MTP, target_forward
+from bebop.drafts.base import Draft, target_forward
 from bebop.models.decoder import Decoder
 from bebop.sampling import SamplingParams, probabilities, rejection_sample_uniform, sample
 
 NO_REQUEST = -1  # the request of an empty row
 
 
-def draft(mtp: MTP, tokens, feats, count, cache, K, params, greedy, u):
+def draft(mtp: Draft, tokens, feats, count, cache, K, params, greedy, u):
     """Catch up on `count` [B] new positions per row (their tokens and the target's unprojected features, as
     target_forward returns them), then draft K tokens recursively.
     Returns draft tokens [B, K] (target vocabulary ids), the distributions to verify them against [B, K, Vd]
@@ -46,7 +46,7 @@ def draft(mtp: MTP, tokens, feats, count, cache, K, params, greedy, u):
     return torch.stack(drafts, 1), torch.stack(verify_q, 1), torch.stack(q_own, 1)
 
 
-def catch_up(mtp: MTP, tokens, feats, count, cache):
+def catch_up(mtp: Draft, tokens, feats, count, cache):
     """Feed the MTP all but the last of each row's pending positions, without drafting: the positions plain
     steps (K = 0) piled up, when drafting resumes. Returns the new, one-long pile."""
     rows = torch.arange(tokens.shape[0])
@@ -97,7 +97,7 @@ class Rows:
         self.pile_count = self.pile_count + 1
 
 
-def speculative_step(target: Decoder, mtp: MTP | None, rows: Rows, cache, mcache, K: int, params: SamplingParams,
+def speculative_step(target: Decoder, mtp: Draft | None, rows: Rows, cache, mcache, K: int, params: SamplingParams,
                      greedy: bool, vocab_ids):
     """One step for every row: draft K tokens, verify them in one target forward, accept a prefix by rejection
     sampling, commit it (K = 0: a plain decoding step). Returns the step's tokens [B, K+1] (-1 past each row's

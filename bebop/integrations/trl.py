@@ -35,7 +35,8 @@ from trl.data_utils import is_conversational
 
 from bebop.backends.vllm.engine import installed
 from bebop.backends.vllm.worker import DRAFT_CHECK_TOL, vllm_args
-from bebop.drafts.mtp import MTP, default_mtp, load_mtp, shipped_draft
+from bebop.drafts.base import Draft
+from bebop.drafts.registry import default_draft, load_draft, shipped_draft
 from bebop.engine.generation import MODES, generate
 from bebop.engine.memory import retain_freed_memory
 from bebop.errors import BebopError
@@ -100,7 +101,7 @@ class BebopRollout:
     place and checks that vLLM computes what they compute. The model must be a name or directory vLLM can load."""
 
     def __init__(self, model=DEFAULT_MODEL, mode: str = "spec", draft_len: int | str = "auto", dtype: str | None = None,
-                 mtp: str | MTP | None = None, max_batch: int | None = None, seed: int | None = None,
+                 mtp: str | Draft | None = None, max_batch: int | None = None, seed: int | None = None,
                  progress: bool = False, backend: str = "bebop"):
         if mode not in MODES:
             raise BebopError(f"unknown mode '{mode}' (choose from {', '.join(MODES)})")
@@ -134,10 +135,10 @@ class BebopRollout:
         if mode != "ar" and backend == "vllm" and mtp is None:
             self.mtp = shipped_draft(self.decoder, "eagle3")
             if self.mtp is None:
-                raise BebopError(f"backend='vllm' needs an EAGLE-3 draft (mtp=...): this model ships none")
+                raise BebopError("backend='vllm' needs an EAGLE-3 draft (mtp=...): this model ships none")
         elif mode != "ar":
-            self.mtp = (mtp if isinstance(mtp, MTP) else load_mtp(mtp, self.decoder) if mtp
-                        else default_mtp(self.decoder))
+            self.mtp = (mtp if isinstance(mtp, Draft) else load_draft(mtp, self.decoder) if mtp
+                        else default_draft(self.decoder))
         self.pairs = None  # built on the first sync, against the trainer's model
         self.synced_step = None
         self.samples = 0  # samples generated so far: the per-sample seed counter

@@ -18,9 +18,8 @@ from safetensors.torch import save_file
 
 from bebop.errors import BebopError
 from bebop.models.decoder import Decoder
-from bebop.models import compiled
-from bebop.models import tuning as auto_dtype
-from bebop.models.tuning import DTYPES
+from bebop.models import DTYPES, compiled
+from bebop.models import tuning
 
 DEFAULT_MODEL = "smollm2-135m"
 CHATML_TEMPLATE = (
@@ -187,26 +186,40 @@ def load_hf(name: str):
     raise BebopError(f"unknown model '{name}': use one of {', '.join(model_names())} or a local model directory")
 
 
-def load_model(name: str, max_len: int | None = None, dtype: str = "float32"):
+def compile_mode(compile: str | None) -> str:
+    """The compile mode (compiled.MODES): `compile`, or where it is None the environment's BEBOP_COMPILE
+    ("0", eager, where unset)."""
+    what = "compile"
+    if compile is None:
+        what, compile = "BEBOP_COMPILE", os.environ.get("BEBOP_COMPILE", "0")
+    if compile not in compiled.MODES:
+        raise BebopError(f"{what} must be one of {', '.join(compiled.MODES)}, got {compile!r}")
+    return compile
+
+
+def load_model(name: str, max_len: int | None = None, dtype: str = "float32", compile: str | None = None):
     """(Decoder, tokenizer). The transformers model is only a weight source and is dropped. bfloat16 halves
     the weight traffic and lets the CPU's matrix units work on multi-token (verification, batched) forwards;
     "auto" measures whether it pays on this machine (bebop.models.tuning), once per machine and model.
-    `max_len` (positions) defaults to the model's own context, its config's max_position_embeddings."""
+    `max_len` (positions) defaults to the model's own context, its config's max_position_embeddings.
+    `compile` (compiled.MODES; None: $BEBOP_COMPILE): "0" eager, "1" the compiled decode step, "auto" compiled
+    where the tuning finds it faster."""
     if dtype not in (*DTYPES, "auto"):
         raise BebopError(f"unknown dtype '{dtype}' (choose from auto, {', '.join(DTYPES)})")
+    mode = compile_mode(compile)
     hf, tok = load_hf(name)
     max_len = max_len or context_length(hf.config)
     try:
         decoder = Decoder.from_hf(hf, max_len=max_len)
     except ValueError as e:
         raise BebopError(f"cannot load '{name}': {e}") from None
-    decoder.name = name
+    decoder.name, decoder.compile_mode = name, mode
     if dtype == "auto":
         choice = probed_choice(decoder, name)  # None for the seeded test models: fp32, fast and exact
         dtype = choice["dtype"] if choice else "float32"
         if choice:
             decoder.attention, decoder.linear = tuple(choice["attention"]), choice["linear"]
-        decoder.compiled = compiled.wanted(bool(choice and choice.get("compiled")))
+        decoder.compiled = compiled.wanted(mode, bool(choice and choice.get("compiled")))
     else:  # a forced dtype still gets the faster kernels if this machine was probed
         decoder.attention, decoder.linear = probed_kernels(decoder, dtype)
         decoder.compiled = probed_compiled(decoder, dtype)
@@ -220,13 +233,13 @@ def probed_choice(decoder, name: str) -> dict | None:
     the cache, so every run and resume on a machine decides alike. None for the seeded test models."""
     if name in TINY:
         return None
-    return auto_dtype.choose(decoder, probe_name(name), cache_dir())
+    return tuning.choose(decoder, probe_name(name), cache_dir(), compile_mode=decoder.compile_mode)
 
 
 def probed_entry(decoder) -> dict | None:
     """This machine's cached probe answer for the model, None where it was never probed."""
-    key = auto_dtype.probe_key(probe_name(decoder.name), decoder.embed.weight.device) if decoder.name else None
-    return auto_dtype.read_cache(cache_dir()).get(key) if key else None
+    key = tuning.cache_key(probe_name(decoder.name), decoder.embed.weight.device) if decoder.name else None
+    return tuning.read_cache(cache_dir()).get(key) if key else None
 
 
 def probed_kernels(decoder, dtype: str) -> tuple[tuple[str, str], str]:
@@ -239,10 +252,10 @@ def probed_kernels(decoder, dtype: str) -> tuple[tuple[str, str], str]:
 
 
 def probed_compiled(decoder, dtype: str) -> bool:
-    """Whether the model runs compiled in `dtype` (bebop.models.compiled.wanted: BEBOP_COMPILE, and whether
+    """Whether the model runs compiled in `dtype` (bebop.models.compiled.wanted: its compile mode, and whether
     this machine's probe found the compiled step faster; it is timed in the dtype the probe picked only)."""
     known = probed_entry(decoder)
-    return compiled.wanted(bool(known and known.get("dtype") == dtype and known.get("compiled")))
+    return compiled.wanted(decoder.compile_mode, bool(known and known.get("dtype") == dtype and known.get("compiled")))
 
 
 def probe_name(name: str) -> str:

@@ -1,13 +1,14 @@
-"""`--dtype auto`: run the model in bfloat16 where this machine runs it faster than float32, else float32.
+"""Per machine and model, the dtype, kernels and compilation a model runs with, chosen by timing them.
 
-Whether bf16 pays depends on the CPU (the same model decoded 2x faster in bf16 on an AMD EPYC with avx512_bf16
-and 1.4x slower on an Intel Xeon with AMX), and so do the faster decode attention kernel and whether packed
-weights pay (decoder.py), so all are measured: a few interleaved forwards of the actual model, per (dtype,
-attention kernel, linear kind), at batch 1 and 16. Only what this machine can run is timed (bebop.models.cpu:
-no packed bf16 linears without native bf16), and a kernel that raises anyway is dropped with a note. The answer
-is cached in the bebop cache dir, keyed by everything that changes it: CPU model and capability, torch version,
-model name, thread count (and the accelerator's name when the model is on one).
-Only the model runs in bf16: sampling distributions are computed in fp32 (model.logits, bebop.sampling).
+`--dtype auto` runs the model in bfloat16 where this machine runs it faster than float32, else float32; which
+attention kernel and linear kind are fastest depends on the CPU too (bebop.models.kernels), so all are timed:
+a few interleaved forwards of the actual model, per (dtype, attention kernel, linear kind), at batch 1 and 16
+(tune), then the fast linear kinds per row count (row_choice) and, in compile mode "auto", the compiled step
+against eager (compile_choice). Only what this machine can run is timed (bebop.models.cpu), and a kernel that
+raises anyway is dropped with a note. The answer is cached in the bebop cache dir (CACHE_FILE), keyed by
+everything that changes it (cache_key): CPU model and capability, torch version, model name, thread count (and
+the accelerator's name when the model is on one). Only the model runs in bf16: sampling distributions are
+computed in fp32 (model.logits, bebop.sampling).
 """
 
 import copy
@@ -22,17 +23,13 @@ from tqdm import tqdm
 
 from bebop.io import write_text_atomic
 from bebop.errors import BebopError
-from bebop.models import compiled, cpu
-from bebop.models.decoder import (ATTENTION_KINDS, PAGED, Decoder, Linear, amx_weights, onednn_weights, packs_weights,
-                                  paged_runs)
+from bebop.models import DTYPES, cpu
+from bebop.models.decoder import Decoder
+from bebop.models.kernels import ATTENTION_KINDS, PAGED, amx_weights, onednn_weights, packs_weights, paged_runs
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-CACHE_FILE = "dtype-probe-v6.json"  # v2: a kernel for one new token and one for several; v3: linear kind;
-# v4: the AMX linear and paged attention (vLLM's CPU kernels); v5: vLLM's oneDNN linear, kernels per row count;
-# v6: the compiled decode step (bebop.models.compiled)
-# (batch, new tokens per row) of the probe: plain decoding alone and batched, and a K=3 verification step.
-# Batch 16, the smallest batch RL rollouts run at: there the folded kernel took 0.6x SDPA's time for 2-4 new
-# tokens per row on this Intel Xeon, at batch 8 the two tied (so a batch-8 probe chose SDPA)
+CACHE_FILE = "dtype-probe-v6.json"  # the version grows whenever the answer's fields or meaning change
+# (batch, new tokens per row) timed: plain decoding alone and batched, and a K=3 verification step; batch 16 is
+# the smallest batch RL rollouts run at
 SHAPES = ((1, 1), (16, 1), (16, 4))
 PREFIX = 128  # cached tokens per row the probe attends over
 REPEATS = 2
@@ -47,8 +44,8 @@ ROW_REPEATS = 5
 ROW_CANDIDATE = 0.9  # kinds within 10% of the best single kind over whole forwards compete per row count
 
 
-def probe_key(model_name: str, device: torch.device) -> str:
-    """The cache key: everything the probe's answer depends on. The CPU's capability is in it, so a cache
+def cache_key(model_name: str, device: torch.device) -> str:
+    """The cache key: everything the tuning's answer depends on. The CPU's capability is in it, so a cache
     copied from a machine with the same model name but other kernels (a cloud CPU string hides a lot) is
     probed again, not trusted."""
     where = f"{cpu.cpu_model()} [{cpu.describe()}]" if device.type == "cpu" else \
@@ -56,10 +53,12 @@ def probe_key(model_name: str, device: torch.device) -> str:
     return f"{where} | torch {torch.__version__} | {model_name} | {torch.get_num_threads()} threads"
 
 
+probe_key = cache_key  # old name, kept for one release
+
+
 def time_forward(model: Decoder, batch: int, new_tokens: int) -> float:
     """Seconds of one forward of `new_tokens` tokens per row after PREFIX cached ones and its logits (what a
-    decode or verification step costs: the LM head is a fifth of smollm2-135m's weights, and the linear kernels
-    differ most there, 7.0 against 11.5 ms at 64 rows on this Xeon)."""
+    decode or verification step costs; the LM head is a large share of a small model's weights)."""
     device = model.embed.weight.device
     cache = model.new_cache(batch, PREFIX + new_tokens)
     cache.lengths[:] = PREFIX
@@ -74,7 +73,7 @@ def time_forward(model: Decoder, batch: int, new_tokens: int) -> float:
 
 
 def linear_kinds(dtype: torch.dtype, device: torch.device) -> tuple[str, ...]:
-    """The linear kinds this machine can run in `dtype` (decoder.LINEAR_KINDS): packed only where oneDNN packs
+    """The linear kinds this machine can run in `dtype` (kernels.LINEAR_KINDS): packed only where oneDNN packs
     it, amx only where AMX and vLLM's CPU kernels are, onednn where vLLM's kernels are (bebop.models.cpu)."""
     return ("plain",) + ("packed",) * packs_weights(dtype, device) + ("amx",) * amx_weights(dtype, device) \
         + ("onednn",) * onednn_weights(dtype, device)
@@ -82,12 +81,12 @@ def linear_kinds(dtype: torch.dtype, device: torch.device) -> tuple[str, ...]:
 
 def row_choice(model: Decoder, kinds, default: str, timer=time_forward, repeats: int = ROW_REPEATS) -> tuple[str, dict]:
     """The linear kind for each row count of ROW_SHAPES: `default` (the whole-forward probe's best single kind),
-    or another of `kinds` where it is 5% faster there; as a linear kind per row count (decoder.linear_rows),
+    or another of `kinds` where it is 5% faster there; as a linear kind per row count (kernels.linear_rows),
     e.g. "amx:1,onednn:4,amx:16,onednn"; and the milliseconds measured, {kind: [fastest ms per shape]}. Whole
     forwards (weights stream from memory as in generation; one layer timed again and again keeps its weight in
     the cache and favours other kernels). At each shape the kinds run back to back, and a kind is judged by the
     median over repetitions of its time over the default's in the same repetition: the speed of a shared
-    machine drifts by more than these kernels differ (20-50% between probes minutes apart), a pair of
+    machine drifts by more than these kernels differ (between timings minutes apart), a pair of
     neighbouring forwards much less."""
     times = {k: [[] for _ in ROW_SHAPES] for k in kinds}
     saved = model.linear
@@ -121,7 +120,7 @@ def row_choice(model: Decoder, kinds, default: str, timer=time_forward, repeats:
 
 def attention_kinds(dtype: torch.dtype, model: Decoder) -> tuple[str, ...]:
     """The attention kinds to time in `dtype`: every per-phase kernel, and "paged" (vLLM's CPU attention over
-    a paged cache, for every phase at once) where it runs (decoder.paged_runs)."""
+    a paged cache, for every phase at once) where it runs (kernels.paged_runs)."""
     runs = paged_runs(dtype, model.embed.weight.device, model.cfg.head_dim)
     return ATTENTION_KINDS + (PAGED,) * runs
 
@@ -131,19 +130,10 @@ def note(text: str) -> None:
     tqdm.write(f"bebop: dtype probe: {text}", file=sys.stderr)
 
 
-def probe(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPEATS) -> dict:
-    """Time every (dtype, attention kernel, linear kind) this machine offers (linear_kinds) on every shape,
-    interleaved (each repetition runs every config in a rotated order, after one warm-up pass); each shape's
-    time is its fastest repetition (load from other processes only adds time). A config that raises is dropped
-    from the choice with a one-line note (a kernel the capability queries allowed but the CPU refused).
-    Per dtype and linear kind, the kernel for one new token is the fastest on the shapes with one new token,
-    the kernel for several the fastest on the others (geometric means); paged attention, which serves both
-    phases (its cache layout is its own), replaces that pair where it is 5% faster over all shapes; per dtype, the linear kind is the one
-    whose kernels give the smaller geometric mean over all shapes (packed and plain compute the same products,
-    so the faster simply wins); the dtype is then chosen the same way. Where that kind is not plain and two or
-    more fast kinds ran in that dtype, they are timed against it at the row counts of ROW_SHAPES (with that
-    dtype's attention) and a count goes to another kind where that is 5% faster (row_choice): no one kernel
-    wins at every row count (on this Xeon vLLM's AMX kernel at 1 row, its oneDNN one at 64).
+def tune(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPEATS) -> dict:
+    """Time every (dtype, attention kernel, linear kind) this machine offers (linear_kinds) on every shape
+    (time_configs) and choose among them (choose_kernels); where two or more fast linear kinds run in a
+    dtype, time them per row count too (choose_rows).
     Returns {"dtype", "attention": [one-token kernel, few-token kernel], "linear", "attention_for": {dtype:
     that pair}, "linear_for": {dtype: kind}, "shapes", "ms": {config: [ms per shape]}, "linear_rows_ms":
     {dtype: {kind: [ms per ROW_SHAPES shape]}}, "capability", "dropped": {config: why}}; a dtype none of whose
@@ -155,77 +145,112 @@ def probe(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPE
         note(f"this CPU ({cpu.describe()}) has no native bf16: bf16 is measured with plain linears (emulated)")
     configs = [(d, a, lin) for d in DTYPES for lin in linear_kinds(DTYPES[d], device)
                for a in attention_kinds(DTYPES[d], model)]
-    times = {c: [[] for _ in shapes] for c in configs}
-    dropped = {}
     saved = model.attention, model.linear
     try:
-        with tqdm(total=(repeats + 1) * len(configs) * len(shapes), desc="dtype probe", unit="fwd", leave=False) as bar:
-            for rep in range(repeats + 1):
-                for j, shape in enumerate(shapes):
-                    for i in range(len(configs)):
-                        config = configs[(i + rep + j) % len(configs)]
-                        bar.update(1)
-                        if config in dropped:
-                            continue
-                        d, a, lin = config
-                        models[d].attention, models[d].linear = (a, a), lin
-                        try:
-                            t = timer(models[d], *shape)
-                        except Exception as e:  # noqa: BLE001 -- whatever the kernel raised, it cannot run here
-                            dropped[config] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
-                            note(f"dropped {'/'.join(config)}: {dropped[config]}")
-                            continue
-                        if rep > 0:  # repetition 0 warms up allocations and kernels
-                            times[config][j].append(t)
+        ms, dropped = time_configs(models, configs, timer, shapes, repeats)
     finally:
         model.attention, model.linear = saved
-    ms = {c: [1e3 * min(ts) for ts in times[c]] for c in configs if c not in dropped}
     if not ms:
         raise BebopError(f"no kernel of this model ran on this machine: {'; '.join(dropped.values())}")
-    phases = [[j for j, (_, t) in enumerate(shapes) if (t > 1) == several] for several in (False, True)]
-
-    def geomean(xs):
-        return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else 1.0
-
-    def kernel(d, lin, phase):  # SDPA, the fused kernel, unless another is clearly faster on this phase's shapes
-        score = {a: geomean([ms[(d, a, lin)][j] for j in phase]) for a in ATTENTION_KINDS if (d, a, lin) in ms}
-        if not score:  # only paged ran
-            return PAGED
-        best = min(score, key=score.get)
-        return best if "sdpa" not in score or score[best] < MARGIN * score["sdpa"] else "sdpa"
-
-    def overall(d, lin, pair):
-        return geomean([ms[(d, pair[shapes[j][1] > 1], lin)][j] for j in range(len(shapes))])
-
-    pairs = {(d, lin): [kernel(d, lin, phase) for phase in phases] for d, _, lin in ms}
-    for (d, lin), pair in pairs.items():  # paged attention serves every phase: it replaces the pair or not
-        if (d, PAGED, lin) in ms and PAGED not in pair \
-                and overall(d, lin, [PAGED, PAGED]) < MARGIN * overall(d, lin, pair):
-            pairs[(d, lin)] = [PAGED, PAGED]
-    ran = [d for d in DTYPES if any(key[0] == d for key in pairs)]
-    linear = {d: min((lin for dd, lin in pairs if dd == d), key=lambda lin: overall(d, lin, pairs[(d, lin)]))
-              for d in ran}
-    score = {d: overall(d, linear[d], pairs[(d, linear[d])]) for d in ran}
-    if len(score) == 2:
-        pick = "bfloat16" if score["bfloat16"] < MARGIN * score["float32"] else "float32"
-    else:
-        (pick,) = score
-    attention_for = {d: pairs[(d, linear[d])] for d in ran}
-    rows_ms = {}
-    for d in ran:
-        best = overall(d, linear[d], pairs[(d, linear[d])])  # kinds within 10% of the best take part
-        fast = [lin for lin in dict.fromkeys(lin for dd, lin in pairs if dd == d) if lin != "plain"
-                and overall(d, lin, pairs[(d, lin)]) < best / ROW_CANDIDATE]
-        if linear[d] != "plain" and len(fast) > 1:
-            models[d].attention = tuple(attention_for[d])
-            try:
-                linear[d], rows_ms[d] = row_choice(models[d], fast, linear[d], timer)
-            finally:
-                models[d].attention = saved[0]
+    pick, pairs, linear = choose_kernels(ms, shapes)
+    attention_for = {d: pairs[(d, linear[d])] for d in linear}
+    rows_ms = choose_rows(models, ms, shapes, pairs, linear, timer, saved[0])
     return {"dtype": pick, "attention": attention_for[pick], "linear": linear[pick], "attention_for": attention_for,
             "linear_for": linear, "shapes": [list(s) for s in shapes],
             "ms": {f"{d}/{a}/{lin}": v for (d, a, lin), v in ms.items()}, "linear_rows_ms": rows_ms,
             "capability": cpu.describe(), "dropped": {"/".join(c): why for c, why in dropped.items()}}
+
+
+probe = tune  # old name, kept for one release
+
+
+def time_configs(models: dict, configs: list, timer, shapes, repeats: int) -> tuple[dict, dict]:
+    """Each config's fastest time per shape, interleaved: each repetition runs every config in a rotated order,
+    after one warm-up pass (load from other processes only adds time). A config that raises is dropped with a
+    one-line note (a kernel the capability queries allowed but the CPU refused). Returns ({config: [ms per
+    shape]}, {dropped config: why})."""
+    times = {c: [[] for _ in shapes] for c in configs}
+    dropped = {}
+    with tqdm(total=(repeats + 1) * len(configs) * len(shapes), desc="dtype probe", unit="fwd", leave=False) as bar:
+        for rep in range(repeats + 1):
+            for j, shape in enumerate(shapes):
+                for i in range(len(configs)):
+                    config = configs[(i + rep + j) % len(configs)]
+                    bar.update(1)
+                    if config in dropped:
+                        continue
+                    d, a, lin = config
+                    models[d].attention, models[d].linear = (a, a), lin
+                    try:
+                        t = timer(models[d], *shape)
+                    except Exception as e:  # noqa: BLE001 -- whatever the kernel raised, it cannot run here
+                        dropped[config] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+                        note(f"dropped {'/'.join(config)}: {dropped[config]}")
+                        continue
+                    if rep > 0:  # repetition 0 warms up allocations and kernels
+                        times[config][j].append(t)
+    return {c: [1e3 * min(ts) for ts in times[c]] for c in configs if c not in dropped}, dropped
+
+
+def geomean(xs) -> float:
+    return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else 1.0
+
+
+def phase_kernel(ms: dict, d: str, lin: str, phase: list[int]) -> str:
+    """SDPA, the fused kernel, unless another is clearly faster on this phase's shapes (indices `phase`)."""
+    score = {a: geomean([ms[(d, a, lin)][j] for j in phase]) for a in ATTENTION_KINDS if (d, a, lin) in ms}
+    if not score:  # only paged ran
+        return PAGED
+    best = min(score, key=score.get)
+    return best if "sdpa" not in score or score[best] < MARGIN * score["sdpa"] else "sdpa"
+
+
+def overall(ms: dict, shapes, d: str, lin: str, pair) -> float:
+    """The geometric mean over all shapes of (d, lin) with the attention `pair` (one token, several)."""
+    return geomean([ms[(d, pair[shapes[j][1] > 1], lin)][j] for j in range(len(shapes))])
+
+
+def choose_kernels(ms: dict, shapes) -> tuple[str, dict, dict]:
+    """Per dtype and linear kind, the kernel for one new token is the fastest on the shapes with one new token,
+    the kernel for several the fastest on the others (geometric means); paged attention, which serves both
+    phases (its cache layout is its own), replaces that pair where it is 5% faster over all shapes. Per dtype,
+    the linear kind is the one whose kernels give the smaller geometric mean over all shapes (packed and plain
+    compute the same products, so the faster simply wins); the dtype is then chosen the same way. Returns
+    (dtype, {(dtype, linear kind): attention pair}, {dtype: linear kind}) over the dtypes that ran."""
+    phases = [[j for j, (_, t) in enumerate(shapes) if (t > 1) == several] for several in (False, True)]
+    pairs = {(d, lin): [phase_kernel(ms, d, lin, phase) for phase in phases] for d, _, lin in ms}
+    for (d, lin), pair in pairs.items():  # paged attention serves every phase: it replaces the pair or not
+        if (d, PAGED, lin) in ms and PAGED not in pair \
+                and overall(ms, shapes, d, lin, [PAGED, PAGED]) < MARGIN * overall(ms, shapes, d, lin, pair):
+            pairs[(d, lin)] = [PAGED, PAGED]
+    ran = [d for d in DTYPES if any(key[0] == d for key in pairs)]
+    linear = {d: min((lin for dd, lin in pairs if dd == d), key=lambda lin: overall(ms, shapes, d, lin, pairs[(d, lin)]))
+              for d in ran}
+    score = {d: overall(ms, shapes, d, linear[d], pairs[(d, linear[d])]) for d in ran}
+    if len(score) == 2:
+        pick = "bfloat16" if score["bfloat16"] < MARGIN * score["float32"] else "float32"
+    else:
+        (pick,) = score
+    return pick, pairs, linear
+
+
+def choose_rows(models: dict, ms: dict, shapes, pairs: dict, linear: dict, timer, attention) -> dict:
+    """Where a dtype's linear kind is not plain and two or more fast kinds within ROW_CANDIDATE of it ran, they
+    are timed against it at the row counts of ROW_SHAPES (with that dtype's attention) and a count goes to
+    another kind where that is 5% faster (row_choice): no one kernel wins at every row count. Updates `linear`
+    in place; returns {dtype: {kind: [ms per ROW_SHAPES shape]}}. The models' attention is `attention` after."""
+    rows_ms = {}
+    for d in linear:
+        best = overall(ms, shapes, d, linear[d], pairs[(d, linear[d])])  # kinds within 10% of the best take part
+        fast = [lin for lin in dict.fromkeys(lin for dd, lin in pairs if dd == d) if lin != "plain"
+                and overall(ms, shapes, d, lin, pairs[(d, lin)]) < best / ROW_CANDIDATE]
+        if linear[d] != "plain" and len(fast) > 1:
+            models[d].attention = tuple(pairs[(d, linear[d])])
+            try:
+                linear[d], rows_ms[d] = row_choice(models[d], fast, linear[d], timer)
+            finally:
+                models[d].attention = attention
+    return rows_ms
 
 
 def compile_choice(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPEATS) -> tuple[bool, dict, float]:
@@ -255,8 +280,7 @@ def compile_choice(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: i
     finally:
         model.compiled = False
     ms = {("compiled" if flag else "eager"): [round(1e3 * min(ts), 2) for ts in v] for flag, v in times.items()}
-    geomean = {k: math.exp(statistics.fmean(math.log(x) for x in v)) for k, v in ms.items()}
-    return geomean["compiled"] < MARGIN * geomean["eager"], ms, round(compile_s, 1)
+    return geomean(ms["compiled"]) < MARGIN * geomean(ms["eager"]), ms, round(compile_s, 1)
 
 
 def read_cache(cache_dir) -> dict:
@@ -266,16 +290,16 @@ def read_cache(cache_dir) -> dict:
         return {}
 
 
-def choose(model: Decoder, model_name: str, cache_dir, timer=time_forward) -> dict:
+def choose(model: Decoder, model_name: str, cache_dir, timer=time_forward, compile_mode: str = "0") -> dict:
     """The probe's answer for this model on this machine: from the cache file, else measured and stored."""
     path = cache_dir / CACHE_FILE
-    key = probe_key(model_name, model.embed.weight.device)
+    key = cache_key(model_name, model.embed.weight.device)
     known = read_cache(cache_dir)
     changed = key not in known
     if changed:
-        known[key] = probe(model, timer)
+        known[key] = tune(model, timer)
     choice = known[key]
-    if compiled.mode() == "auto" and "compiled" not in choice:  # timed once asked for (BEBOP_COMPILE=auto)
+    if compile_mode == "auto" and "compiled" not in choice:  # timed once asked for
         chosen = copy.deepcopy(model).to(DTYPES[choice["dtype"]])  # the compiled step, as it would run
         chosen.attention, chosen.linear = tuple(choice["attention"]), choice["linear"]
         choice["compiled"], choice["compiled_ms"], choice["compile_s"] = compile_choice(chosen, timer)

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from bebop import io as checkpoint
 from bebop.backends.vllm.worker import DRAFT_CHECK_TOL, vllm_args
-from bebop.drafts.mtp import MTP
+from bebop.drafts.base import Draft
 from bebop.errors import BebopError
 from bebop.models import DTYPES  # noqa: F401 -- old name (bebop.rl.loop.DTYPES), kept for one release
 from bebop.models import cpu
@@ -51,7 +51,7 @@ class Learner:
     policy: Decoder
     opt: torch.optim.Optimizer
     ref: Decoder | None
-    mtp: MTP | None  # None for autoregressive rollouts
+    mtp: Draft | None  # None for autoregressive rollouts
     mtp_opt: torch.optim.Optimizer | None  # None unless the MTP trains online
     use_bf16: bool = False  # training forwards under bf16 autocast
 
@@ -60,7 +60,7 @@ class Learner:
         return self.mtp_opt is not None
 
     @property
-    def trained_mtp(self) -> MTP | None:
+    def trained_mtp(self) -> Draft | None:
         """The MTP when it trains (its weights sync and checkpoint with the policy's), else None."""
         return self.mtp if self.online else None
 
@@ -126,7 +126,7 @@ def load_checkpoint(out: Path, policy, mtp, opt, mtp_opt) -> dict:
 
 # ----- the run: prepare, build, loop, record -----
 
-def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, eval_tasks: list, mtp: MTP | None,
+def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, eval_tasks: list, mtp: Draft | None,
            score=None, resume: bool = False, progress: bool = True) -> list[dict]:
     """Train `policy` (fp32, in place) with GRPO for cfg.steps steps; write DIR/metrics.jsonl, DIR/eval.jsonl,
     DIR/config.json and checkpoints. `score(tasks, texts) -> list[float]` rewards completions (default: each
@@ -190,7 +190,7 @@ def thread_split(cfg: RLConfig) -> tuple[int, int]:
     return total, total
 
 
-def build_learner(cfg: RLConfig, policy: Decoder, mtp: MTP | None) -> Learner:
+def build_learner(cfg: RLConfig, policy: Decoder, mtp: Draft | None) -> Learner:
     """The policy's optimiser and reference; the draft dropped for autoregressive rollouts, given an optimiser
     when an online strategy trains it."""
     policy.requires_grad_(True).eval()

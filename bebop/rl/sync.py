@@ -5,7 +5,7 @@ import copy
 
 import torch
 
-from bebop.drafts.mtp import MTP
+from bebop.drafts.base import Draft
 from bebop.errors import BebopError
 from bebop.models import DTYPES
 from bebop.models.decoder import Decoder
@@ -24,12 +24,12 @@ def policy_state(model: Decoder) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in model.named_parameters()}
 
 
-def mtp_state(mtp: MTP | None) -> dict[str, torch.Tensor]:
+def mtp_state(mtp: Draft | None) -> dict[str, torch.Tensor]:
     """The draft's weights to ship (its vocabulary ids travel in the spec, once)."""
     return {} if mtp is None else {k: v.detach() for k, v in mtp.state_dict().items() if k != "vocab_ids"}
 
 
-def model_spec(policy: Decoder, mtp: MTP | None, dtype: str) -> dict:
+def model_spec(policy: Decoder, mtp: Draft | None, dtype: str) -> dict:
     """What a worker needs to build empty copies of the policy and MTP in `dtype` (plain, picklable data),
     with the kernels this machine's probe chose for that dtype."""
     attention, linear = probed_kernels(policy, dtype)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bebop.training.data import load_split
 from bebop.engine.generation import generate
-from bebop.drafts.mtp import load_mtp
+from bebop.drafts.registry import load_draft
 from bebop.sampling import SamplingParams
 from bebop.training.train import TrainConfig, has_checkpoint, train_mtp
 
@@ -42,7 +42,7 @@ def compare_losses(target, data_dir, loss_names, cfg: TrainConfig, out_dir, temp
                                           "new_tokens": eval_new_tokens, "seed": seed,
                                           "config": vars(replace(cfg, loss=name))}))
         if saved.get("settings") != settings:
-            rows = evaluate_mtp(target, load_mtp(ckpt, target), prompts, temperatures, cfg.draft_len,
+            rows = evaluate_mtp(target, load_draft(ckpt, target), prompts, temperatures, cfg.draft_len,
                                 eval_new_tokens, seed)
             saved = {"settings": settings, "rows": rows}
             done.write_text(json.dumps(saved))

@@ -7,7 +7,7 @@ import contextlib
 
 import torch
 
-from bebop.drafts.mtp import MTP
+from bebop.drafts.base import Draft
 
 NOT_IN_DRAFT_VOCAB = -1  # the draft index of a token outside a reduced draft vocabulary
 
@@ -18,7 +18,7 @@ def autocast(model, enabled: bool):
     return torch.autocast(device, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
 
 
-def depth_tensors(mtp: MTP, tokens, lens, prompt_lens, hidden, lse, captured, K, T):
+def depth_tensors(mtp: Draft, tokens, lens, prompt_lens, hidden, lse, captured, K, T):
     """Unroll the MTP on the target's features (`hidden`, its last hidden state, or the `captured` layers of an
     EAGLE-3 MTP) and line up, per anchor t and depth k: q_k (probabilities and logits over the draft
     vocabulary), the teacher p at position t + k over the same vocabulary, the label token t + k + 1 (as a

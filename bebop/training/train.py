@@ -26,8 +26,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from bebop.drafts.eagle3 import N_FEATURE_LAYERS, default_feature_layers, new_eagle3
-from bebop.drafts.mtp import MTP, load_mtp, mtp_from_state, new_mtp, target_signature
+from bebop.drafts.eagle3 import N_FEATURE_LAYERS, default_feature_layers
+from bebop.drafts.base import Draft, target_signature
+from bebop.drafts.registry import draft_from_state, load_draft, new_draft
 from bebop.engine.generation import generate
 from bebop.errors import BebopError
 from bebop.io import load_checkpoint, save_checkpoint, truncate_log
@@ -39,6 +40,7 @@ from bebop.training.data import data_identity, load_meta, load_split
 from bebop.training.features import TargetFeatures
 from bebop.training.losses import LOSSES, loss_at, loss_value
 from bebop.training.targets import autocast, depth_tensors  # (old names here, kept for one release)
+
 
 @dataclass
 class TrainConfig:
@@ -193,16 +195,16 @@ def resumable_checkpoint(out, ckpt_dir, identity: dict, resume: bool):
 
 
 def build_draft(target, cfg: TrainConfig, init: str | None, feature_layers: tuple[int, ...],
-                train_rows: list[dict]) -> MTP:
+                train_rows: list[dict]) -> Draft:
     """A fresh draft: loaded from `init`, or new (seeded by cfg.seed), with its reduced vocabulary if asked."""
     if init:
-        mtp = load_mtp(init, target)
+        mtp = load_draft(init, target)
         if cfg.arch == "eagle3" and not cfg.feature_layers:  # an EAGLE-3 draft's own layers, by default
             feature_layers = tuple(mtp.feature_layers)
     elif cfg.arch == "eagle3":
-        mtp = new_eagle3(target, cfg.seed, feature_layers)
+        mtp = new_draft(target, "eagle3", seed=cfg.seed, feature_layers=feature_layers)
     else:
-        mtp = new_mtp(target, cfg.seed, cfg.mtp_layers, feature_layers)
+        mtp = new_draft(target, "mtp", seed=cfg.seed, layers=cfg.mtp_layers, feature_layers=feature_layers)
     if init and (mtp.arch, mtp.config.layers, tuple(mtp.feature_layers)) != (cfg.arch, cfg.mtp_layers, feature_layers):
         raise BebopError(f"--init {init} is an {mtp.arch} draft with "
                          f"{mtp.config.layers} layer(s) and feature layers {list(mtp.feature_layers) or 'none'}; "
@@ -220,7 +222,7 @@ def lr_at(cfg: TrainConfig, warmup: int, step: int) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def target_features(target, mtp: MTP, cfg: TrainConfig, T: float, data_dir, train_rows, heldout_rows,
+def target_features(target, mtp: Draft, cfg: TrainConfig, T: float, data_dir, train_rows, heldout_rows,
                     progress: bool) -> tuple[TargetFeatures, TargetFeatures, bool]:
     """The target's features of the train split and of the held-out sequences evaluated on, and whether bf16
     pays on this machine. "auto": bf16 where this machine's --dtype probe chose it for this model (cached per
@@ -244,7 +246,7 @@ def target_features(target, mtp: MTP, cfg: TrainConfig, T: float, data_dir, trai
 @dataclass
 class Run:
     """One training run's state: what a step changes and a checkpoint stores, and what every row records."""
-    mtp: MTP
+    mtp: Draft
     opt: torch.optim.Optimizer
     rng: random.Random
     order: list[int]  # the rest of the current epoch's shuffled sequence indices
@@ -279,7 +281,7 @@ def train_step(run: Run, cfg: TrainConfig, train_feats: TargetFeatures, n_rows: 
             "seconds": time.time() - started}
 
 
-def evaluate(mtp: MTP, cfg: TrainConfig, eval_feats: TargetFeatures, heldout_rows, T: float, step: int) -> dict:
+def evaluate(mtp: Draft, cfg: TrainConfig, eval_feats: TargetFeatures, heldout_rows, T: float, step: int) -> dict:
     """Held-out teacher-forced acceptance and, with eval prompts, the engine's real speculative acceptance."""
     mtp.eval()
     row = {"step": step, **teacher_forced_eval(mtp, eval_feats, cfg.draft_len, T)}
@@ -313,7 +315,7 @@ def start_run(target, data_dir, out, cfg: TrainConfig, init: str | None, resume:
     identity = json.loads(json.dumps(identity))  # as the checkpoint stores it (tuples become lists)
     ckpt = resumable_checkpoint(out, ckpt_dir, identity, resume)
     if ckpt is not None:
-        mtp = mtp_from_state(target, ckpt.tensors, ckpt.meta["mtp_config"], str(ckpt.path))
+        mtp = draft_from_state(target, ckpt.tensors, ckpt.meta["mtp_config"], str(ckpt.path))
         state, start_step = ckpt.state, ckpt.step
     else:
         mtp = build_draft(target, cfg, init, feature_layers, train_rows)
@@ -343,7 +345,7 @@ def start_run(target, data_dir, out, cfg: TrainConfig, init: str | None, resume:
 
 
 def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, resume: bool = False,
-              progress: bool = True, command: str | None = None) -> MTP:
+              progress: bool = True, command: str | None = None) -> Draft:
     """Train a draft for `target` on a make-data directory. `resume`: continue OUT's last checkpoint (an error
     if there is none, or if it was made with other data, settings, model or init); without it, an existing
     checkpoint at OUT is an error too, so nothing made earlier is overwritten silently."""

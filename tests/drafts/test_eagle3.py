@@ -13,7 +13,7 @@ from bebop.cli import main
 from bebop.drafts.eagle3 import Eagle3, default_feature_layers, new_eagle3
 from bebop.errors import BebopError
 from bebop.drafts.formats import export_eagle3, load_eagle3
-from bebop.drafts.mtp import load_mtp, new_mtp
+from bebop.drafts.registry import load_mtp, new_mtp
 
 VOCAB = torch.tensor([0, 3, 5, 7, 10, 42, 100, 258])  # a reduced draft vocabulary of the byte-level tiny models
 

@@ -6,7 +6,7 @@ from safetensors.torch import load_file, save_file
 
 from bebop.errors import BebopError
 from bebop.models.registry import load_model
-from bebop.drafts.mtp import load_mtp, new_mtp
+from bebop.drafts.registry import load_mtp, new_mtp
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from bebop.engine.generation import generate
 from bebop.errors import BebopError
 from bebop.models import cpu
 from bebop.models.registry import chat_ids
-from bebop.drafts.mtp import default_mtp, new_mtp, shipped_draft
+from bebop.drafts.registry import default_mtp, new_mtp, shipped_draft
 from bebop.sampling import SamplingParams, probabilities
 
 P_OK, P_BAD = 1e-3, 1e-6
@@ -168,7 +168,7 @@ def test_spec_on_fast_bf16_linears_matches_ar(sharp, kind):
     plain sampling on the same kernels, tokens and pairs. With a kernel per row count, onednn computes the
     prefill, the plain decoding steps and the drafts (up to 3,000 rows) and amx the verification (9,000):
     plain and speculative sampling then read the target's distributions from different kernels."""
-    from bebop.models.decoder import amx_weights, linear_rows, onednn_weights, packs_weights
+    from bebop.models.kernels import amx_weights, linear_rows, onednn_weights, packs_weights
 
     runs = {"packed": packs_weights, "amx": amx_weights, "onednn": onednn_weights}
     if not all(runs[k](torch.bfloat16, torch.device("cpu")) for _, k in linear_rows(kind)):
@@ -191,7 +191,7 @@ def test_spec_on_paged_attention_matches_ar(vllm_model_dir):
     """vLLM's CPU attention over a paged cache (what --dtype auto picks where it is loaded and faster): on a
     sharpened bf16 model with a head size it supports, speculative sampling equals plain sampling on it, and
     plain sampling on it equals plain sampling with SDPA over the usual cache (tokens and pairs)."""
-    from bebop.models.decoder import paged_runs
+    from bebop.models.kernels import paged_runs
     from bebop.models.registry import load_model
 
     base, tok = load_model(vllm_model_dir, dtype="bfloat16")

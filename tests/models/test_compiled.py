@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from bebop.models import compiled, cpu
-from bebop.models.decoder import PAGED, paged_runs
+from bebop.models.kernels import PAGED, paged_runs
 from bebop.models.tuning import linear_kinds
 
 
@@ -109,30 +109,33 @@ def test_compiled_step_reads_weights_changed_in_place(vllm_model_dir):
 
 def test_bebop_compile_decides_what_a_loaded_model_runs(monkeypatch, tiny_llama):
     from bebop.errors import BebopError
-    from bebop.models.registry import load_model
+    from bebop.models.registry import compile_mode, load_model
 
     for value, want in (("0", False), ("1", True), ("auto", False)):  # auto: as the probe found (none for tiny)
         monkeypatch.setenv("BEBOP_COMPILE", value)
         assert load_model("tiny-llama", dtype="auto")[0].compiled is want
-        assert compiled.wanted(True) is (value != "0")
+        assert compiled.wanted(compile_mode(None), True) is (value != "0")
+        assert load_model("tiny-llama", dtype="auto", compile="0")[0].compiled is False  # the argument wins
     monkeypatch.delenv("BEBOP_COMPILE")
-    assert compiled.mode() == "0"  # eager unless asked
+    assert compile_mode(None) == "0"  # eager unless asked
+    assert load_model("tiny-llama", compile="1")[0].compiled is True
     monkeypatch.setenv("BEBOP_COMPILE", "yes")
     with pytest.raises(BebopError, match="BEBOP_COMPILE"):
-        compiled.mode()
+        compile_mode(None)
+    with pytest.raises(BebopError, match="compile must be"):
+        load_model("tiny-llama", compile="yes")
 
 
 def test_the_probe_keeps_the_compiled_step_only_where_it_is_faster(monkeypatch, tiny_llama, tmp_path):
-    """BEBOP_COMPILE=auto: the probe times compiled against eager (an injected timer here) and keeps it where
+    """Compile mode "auto": the probe times compiled against eager (an injected timer here) and keeps it where
     it is 5% faster; the answer is cached with the rest of the probe's."""
     from bebop.models import tuning as auto_dtype
 
-    monkeypatch.setenv("BEBOP_COMPILE", "auto")
     for factor, want in ((0.8, True), (0.97, False), (1.2, False)):
         def timer(m, batch, new_tokens):
             return 0.01 * (factor if m.compiled else 1.0)
 
-        got = auto_dtype.choose(tiny_llama[0], f"model-{factor}", tmp_path, timer)
+        got = auto_dtype.choose(tiny_llama[0], f"model-{factor}", tmp_path, timer, compile_mode="auto")
         assert got["compiled"] is want and len(got["compiled_ms"]["eager"]) == len(auto_dtype.SHAPES)
         assert auto_dtype.read_cache(tmp_path)[auto_dtype.probe_key(f"model-{factor}", torch.device("cpu"))] == got
     assert tiny_llama[0].compiled is False  # the probe times a copy
@@ -146,7 +149,7 @@ def test_a_generation_after_the_warm_up_compiles_nothing(tiny_qwen3, mode, tmp_p
     drafts fewer than the most are a view with the row stride of the longest, and recompiled on it)."""
     from torch._dynamo.utils import counters
 
-    import bebop.engine.generation as engine
+    from bebop.engine import generation as engine
     from bebop.drafts.eagle3 import new_eagle3
     from bebop.engine.generation import generate
 

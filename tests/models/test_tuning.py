@@ -103,7 +103,7 @@ def test_row_choice_gives_a_row_count_another_kind_where_it_is_faster(tiny_llama
     kind serves every count where no other kind is 5% faster; the answer is a kind per row count that the
     decoder's linears take, and the model's own kind is restored. The machine's speed swinging by 2x from one
     repetition to the next (kinds timed back to back at a shape, judged by their ratio) changes nothing."""
-    from bebop.models.decoder import Linear, linear_rows
+    from bebop.models.kernels import Linear, linear_rows
 
     model, _ = tiny_llama
     assert [b * t for b, t in auto_dtype.ROW_SHAPES] == [1, 4, 16, 64, 256]
@@ -244,7 +244,7 @@ def test_a_cpu_without_native_bf16_is_probed_for_what_it_runs(avx2_only, load_mo
     `--dtype bfloat16` loads and generates with plain linears, and a linear told to pack multiplies plainly
     (what a cache copied from an AMX machine would ask for)."""
     from bebop.cli import main
-    from bebop.models.decoder import Linear
+    from bebop.models.kernels import Linear
 
     folder = local_model(load_models, tmp_path / "model")
     monkeypatch.setenv("BEBOP_CACHE", str(tmp_path / "cache"))
@@ -273,7 +273,7 @@ def test_a_cpu_without_native_bf16_is_probed_for_what_it_runs(avx2_only, load_mo
 def test_a_kernel_that_raises_in_the_probe_is_dropped_with_a_note(tiny_llama, monkeypatch, capsys):
     """The queries said yes and the kernel raised anyway (a torch build that packs for other CPUs than it
     says): the real probe drops each packed config with one line, no traceback, and chooses among the rest."""
-    from bebop.models import decoder
+    from bebop.models import kernels
 
     def refuse(*args):
         raise RuntimeError(AVX2_MESSAGE + "\n(a second line of the message)")
@@ -281,7 +281,7 @@ def test_a_kernel_that_raises_in_the_probe_is_dropped_with_a_note(tiny_llama, mo
     monkeypatch.setattr(cpu, "packs_bf16_linears", lambda: True)
     monkeypatch.setattr(cpu, "amx_bf16_linears", lambda: False)  # the packed kind is the one on trial
     monkeypatch.setattr(cpu, "onednn_bf16_linears", lambda: False)
-    monkeypatch.setattr(decoder, "reorder_linear_weight", refuse, raising=False)
+    monkeypatch.setattr(kernels, "reorder_linear_weight", refuse, raising=False)
     model, _ = tiny_llama
     got = auto_dtype.probe(model, shapes=((1, 1), (2, 2)), repeats=1)
     packed = {f"bfloat16/{a}/packed" for a in auto_dtype.ATTENTION_KINDS}

@@ -13,7 +13,7 @@ from bebop.training import losses
 from bebop.cli import main
 from bebop.training.data import make_data
 from bebop.models.registry import load_model
-from bebop.drafts.mtp import load_mtp, new_mtp
+from bebop.drafts.registry import load_mtp, new_mtp
 from bebop.sampling import SamplingParams
 from bebop.training.features import TargetFeatures
 from bebop.training.train import TrainConfig, teacher_forced_eval, train_mtp

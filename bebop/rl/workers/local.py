@@ -7,7 +7,7 @@ import time
 import torch
 
 from bebop.backends.vllm.worker import VllmRolloutWorker
-from bebop.drafts.mtp import build_draft
+from bebop.drafts.registry import build_draft
 from bebop.engine.generation import generate
 from bebop.models import DTYPES
 from bebop.models.decoder import Decoder

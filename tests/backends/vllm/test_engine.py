@@ -17,7 +17,7 @@ from bebop.errors import BebopError
 from bebop.drafts.formats import export_eagle3
 from bebop.backends.vllm.engine import VllmEngine
 from bebop.models.registry import chat_ids, hf_dir
-from bebop.drafts.mtp import shipped_draft
+from bebop.drafts.registry import shipped_draft
 from bebop.sampling import SamplingParams
 from bebop.tasks import default_prompts
 
