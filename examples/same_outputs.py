@@ -2,7 +2,7 @@
 
 A refactor must not change behaviour: for fixed seeds and a fixed draft length, `bebop generate` (ar, spec,
 spec-greedy at T=0 and T=1, with both shipped drafts), `make-data` + `train-mtp` (20 steps) and `rl` (3 steps,
-synchronous) must write the same bytes before and after. Timings (seconds, tokens/s, dates) are the only fields
+synchronous) must write the same bytes before and after. Timings, paths and random save ids are the only fields
 left out of the comparison; every token, log-probability, loss, reward and weight is compared exactly.
 
     python examples/same_outputs.py record runs/same-outputs/before.json
@@ -43,9 +43,10 @@ COMMANDS = {
            "--async-mode", "off", "--autocast", "off", "--threads", "2", "--eval-prompts", "2", "--seed", "0",
            "--out", str(WORK / "rl")],
 }
-# a key holding a duration, a rate, a clock reading or where the run happened: not behaviour
+# a key holding a duration, a rate, a clock reading, where the run happened (its directory, its machine) or a
+# save's random id: not behaviour
 TIMING = re.compile(r"(^|_)(s|ms|time|seconds|secs|wall|elapsed|per_s|tok_s|tokens_per_s|date|started|finished|"
-                    r"host|pid|cpu|machine|command|speed|throughput)($|_)|_s$|_ms$|tok/s")
+                    r"host|pid|cpu|machine|command|speed|throughput|path|save_id)($|_)|_s$|_ms$|tok/s")
 
 
 def scrub(value):
