@@ -17,7 +17,7 @@ def pick_mtp(spec: str | None, model):
 
 def load(args, need_mtp=True):
     """(model, tokenizer, mtp) from --model / --mtp."""
-    model, tok = load_model(args.model, dtype=getattr(args, "dtype", "float32"))
+    model, tok = load_model(args.model, dtype=getattr(args, "dtype", "float32"), compile=args.compile)
     mtp = None
     if need_mtp:
         mtp = pick_mtp(args.mtp, model)

@@ -34,6 +34,9 @@ def add_model_args(p):
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="weights and activations for generating (generate, bench, make-data); auto: bfloat16 where a "
                         "short probe, cached per machine and model, measures it faster, else float32")
+    p.add_argument("--compile", default=None, choices=("0", "auto", "1"),
+                   help="the compiled decode step: 1 on, 0 eager, auto where the --dtype auto probe times it faster "
+                        "(default: $BEBOP_COMPILE, else 0); a first compile takes minutes, later runs reuse it")
 
 
 def draft_len_arg(text: str):

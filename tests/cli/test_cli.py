@@ -418,3 +418,21 @@ def test_bench_vllm_modes_refuse_what_vllm_cannot_run_before_starting_it(capsys,
     assert "exists only in memory" in run_error(capsys, [*bench, "--modes", "ar,vllm-spec", "--mtp", "random-eagle3"])
     monkeypatch.setattr(vllm, "installed", lambda: False)
     assert "pip install 'bebop[vllm]'" in run_error(capsys, [*bench, "--modes", "vllm"])
+
+
+def test_compile_flag_reaches_the_model_loader(tmp_path, capsys, monkeypatch):
+    import bebop.cli.loading as loading
+
+    seen, real = [], loading.load_model
+
+    def spy(name, dtype="float32", compile=None):
+        seen.append(compile)
+        return real(name, dtype=dtype, compile="0")  # (eager here: compiling takes minutes)
+
+    monkeypatch.setattr(loading, "load_model", spy)
+    base = ["generate", "--model", "tiny-llama", "--prompt", "hi", "--max-new-tokens", "2", "--mode", "ar"]
+    main([*base, "--compile", "1"])
+    main(base)
+    assert seen == ["1", None]  # None: load_model reads $BEBOP_COMPILE
+    capsys.readouterr()
+    assert "--compile" in run_error(capsys, [*base, "--compile", "yes"])
