@@ -1,6 +1,6 @@
 """A compiled decode and verify step: torch.compile of the target's embedding and layer stack over its static
 KV cache (Decoder.forward with `compiled` set, up to DECODE_MAX_T new tokens per row), as gpt-fast compiles its
-one-token decode step and vLLM its forward. Off unless asked for (registry.load_model's `compile`, MODES):
+one-token decode step and vLLM its forward. Off unless asked for (registry.load_model's `compile`, COMPILE_MODES):
 "auto" has the tuning (bebop.models.tuning) time it against eager and keep it where it is 5% faster, "1"
 turns it on, "0" keeps eager.
 
@@ -40,14 +40,14 @@ WRITES_INTO_BUFFER = ("weight_packed_linear", "onednn_mm", "rms_norm")  # vLLM's
 VLLM_OPS = False  # cpu.vllm_cpu_ops(), as the compiled code reads it (register_kernels)
 
 
-MODES = ("0", "auto", "1")  # eager, as the tuning decides, compiled (registry.load_model's `compile`)
+COMPILE_MODES = ("0", "auto", "1")  # eager, as the tuning decides, compiled (registry.load_model's `compile`)
 INDUCTOR_CACHE_VAR = "TORCHINDUCTOR_CACHE_DIR"
 RECOMPILE_LIMIT = 256  # graphs per function: a generation meets a handful, a test session or a tuning dozens
 ACCUMULATED_RECOMPILE_LIMIT = 4096
 
 
 def wanted(mode: str, timed_faster: bool) -> bool:
-    """Whether a model loaded in compile `mode` (MODES) runs compiled, given whether the tuning found the
+    """Whether a model loaded in compile `mode` (COMPILE_MODES) runs compiled, given whether the tuning found the
     compiled step faster (`timed_faster`, False if it was not timed)."""
     return mode == "1" or (mode == "auto" and timed_faster)
 

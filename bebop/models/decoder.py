@@ -164,7 +164,7 @@ class Decoder(nn.Module):
         # machine at load (bebop.models.tuning)
         self.attention = ("sdpa", "sdpa")
         self.compiled = False  # decode and verify forwards through torch.compile (bebop.models.compiled)
-        self.compile_mode = "0"  # what the loader was asked (compiled.MODES): "auto" lets the tuning time it
+        self.compile_mode = "0"  # what the loader was asked (compiled.COMPILE_MODES): "auto" lets the tuning time it
         self.name: str | None = None  # what the loader knows it as (registry name or path): keys per-model caches
         self.eos_ids: list[int] = []  # tokens that end a generation (the loader reads them from the tokenizer)
 

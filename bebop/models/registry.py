@@ -187,13 +187,13 @@ def load_hf(name: str):
 
 
 def compile_mode(compile: str | None) -> str:
-    """The compile mode (compiled.MODES): `compile`, or where it is None the environment's BEBOP_COMPILE
+    """The compile mode (compiled.COMPILE_MODES): `compile`, or where it is None the environment's BEBOP_COMPILE
     ("0", eager, where unset)."""
     what = "compile"
     if compile is None:
         what, compile = "BEBOP_COMPILE", os.environ.get("BEBOP_COMPILE", "0")
-    if compile not in compiled.MODES:
-        raise BebopError(f"{what} must be one of {', '.join(compiled.MODES)}, got {compile!r}")
+    if compile not in compiled.COMPILE_MODES:
+        raise BebopError(f"{what} must be one of {', '.join(compiled.COMPILE_MODES)}, got {compile!r}")
     return compile
 
 
@@ -202,7 +202,7 @@ def load_model(name: str, max_len: int | None = None, dtype: str = "float32", co
     the weight traffic and lets the CPU's matrix units work on multi-token (verification, batched) forwards;
     "auto" measures whether it pays on this machine (bebop.models.tuning), once per machine and model.
     `max_len` (positions) defaults to the model's own context, its config's max_position_embeddings.
-    `compile` (compiled.MODES; None: $BEBOP_COMPILE): "0" eager, "1" the compiled decode step, "auto" compiled
+    `compile` (compiled.COMPILE_MODES; None: $BEBOP_COMPILE): "0" eager, "1" the compiled decode step, "auto" compiled
     where the tuning finds it faster."""
     if dtype not in (*DTYPES, "auto"):
         raise BebopError(f"unknown dtype '{dtype}' (choose from auto, {', '.join(DTYPES)})")

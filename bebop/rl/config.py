@@ -2,7 +2,7 @@
 Names follow TRL's GRPOConfig where TRL has the option."""
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from bebop.engine.generation import MODES as ROLLOUTS
 from bebop import models
@@ -112,7 +112,3 @@ class RLConfig:
 
 def flag(name: str) -> str:
     return name.replace("_", "-")
-
-
-def field_names() -> list[str]:
-    return [f.name for f in fields(RLConfig)]
