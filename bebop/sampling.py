@@ -67,6 +67,7 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return idx.clamp_(max=probs.shape[-1] - 1)
 
 
+PLACEHOLDER_TOKEN_ID = -1  # a position past a row's accepted drafts and its last token (vLLM's name)
 SAMPLE_BLOCK = 256  # vocabulary entries per block of blocked_inverse_cdf
 BLOCKED_MIN_VOCAB = 8192  # from this vocabulary size on, `sample` goes by blocks
 
@@ -135,7 +136,7 @@ def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, 
     vocab_ids: a reduced draft vocabulary (sorted token ids): draft_probs is then [B, K, Vd] over those ids
     (q = 0 elsewhere) and is never expanded to V. The test u*q(x) < p(x) needs q only at the drafted ids, and
     the residual max(p - q, 0) is p outside the draft vocabulary, so only the draft vocabulary's columns change.
-    Returns tokens [B, K+1] (accepted drafts, the residual/bonus token, then -1) and num_accepted [B]."""
+    Returns tokens [B, K+1] (accepted drafts, the residual/bonus token, then PLACEHOLDER_TOKEN_ID) and num_accepted [B]."""
     B, K = draft_tokens.shape
     rows = torch.arange(B)
     if K == 0:
@@ -156,9 +157,9 @@ def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, 
     last_q = torch.where((num_accepted < K).unsqueeze(-1), draft_probs[rows, num_accepted.clamp(max=K - 1)], 0.0)
     correction = residual(last_p, last_q, vocab_ids)
     last = sample(correction, final_u)
-    tokens = torch.full((B, K + 1), -1, dtype=torch.long)
+    tokens = torch.full((B, K + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.long)
     keep = torch.arange(K).unsqueeze(0) < num_accepted.unsqueeze(1)
-    tokens[:, :K] = torch.where(keep, draft_tokens, -1)
+    tokens[:, :K] = torch.where(keep, draft_tokens, PLACEHOLDER_TOKEN_ID)
     tokens[rows, num_accepted] = last
     return tokens, num_accepted
 

@@ -23,7 +23,7 @@ from torch import nn
 
 from bebop.errors import BebopError
 from bebop.models.cache import KVCache, step_positions
-from bebop.models.decoder import Decoder
+from bebop.models.decoder import EMBEDDINGS, Decoder
 from bebop.models.kernels import PAGED, set_linear
 
 DRAFT_KINDS: dict[str, type["Draft"]] = {}  # checkpoint "arch" -> the Draft subclass (register_draft)
@@ -76,7 +76,7 @@ class Draft(nn.Module):
         """Refuse a config that does not fit the target's `cfg`."""
         if self.config.layers < 1:
             raise BebopError(f"an MTP needs at least 1 layer, got {self.config.layers}")
-        bad = [i for i in self.config.feature_layers if not -1 <= i < cfg.n_layers]
+        bad = [i for i in self.config.feature_layers if not EMBEDDINGS <= i < cfg.n_layers]
         if bad or len(set(self.config.feature_layers)) != len(self.config.feature_layers):
             raise BebopError(f"feature layers must be distinct layer indices of the target in 0..{cfg.n_layers - 1} "
                              f"(or -1, the embeddings), got {self.config.feature_layers}")

@@ -20,7 +20,7 @@ from torch import nn
 
 from bebop.drafts.base import Draft, DraftConfig, register_draft
 from bebop.errors import BebopError
-from bebop.models.decoder import Block, Decoder, RMSNorm
+from bebop.models.decoder import EMBEDDINGS, Block, Decoder, RMSNorm
 from bebop.models.kernels import Linear, set_linear
 
 N_FEATURE_LAYERS = 3  # vLLM's and SGLang's fc is [d, 3d]
@@ -32,7 +32,7 @@ def default_feature_layers(n_layers: int) -> list[int]:
     for them (the tiny test models) reads its embeddings (-1), a middle layer and its last."""
     if n_layers >= 8:
         return [1, n_layers // 2 - 1, n_layers - 4]
-    return [-1, n_layers // 2 - 1, n_layers - 1]
+    return [EMBEDDINGS, n_layers // 2 - 1, n_layers - 1]
 
 
 class Eagle3Layer(Block):

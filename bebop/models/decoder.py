@@ -16,6 +16,8 @@ from bebop.models import compiled, cpu
 from bebop.models.cache import KVCache, step_positions
 from bebop.models.kernels import ATTENTION, DECODE_MAX_T, PAGED, Linear, PagedStep, set_linear
 
+EMBEDDINGS = -1  # a layer index to capture: the embeddings, the input of layer 0
+
 
 @dataclass
 class DecoderConfig:
@@ -197,7 +199,7 @@ class Decoder(nn.Module):
     def forward(self, tokens: torch.Tensor, cache: KVCache, capture: tuple[int, ...] = ()):
         """Run T new tokens per row [B, T] after each row's cached prefix. Returns the last layer's hidden
         states [B, T, dim] before the final norm (what an MTP module consumes); with `capture` (layer indices,
-        -1 for the embeddings), also those layers' outputs concatenated [B, T, len(capture) * dim] (an EAGLE-3
+        EMBEDDINGS for the embeddings), also those layers' outputs concatenated [B, T, len(capture) * dim] (an EAGLE-3
         draft's input). The
         cache lengths are NOT advanced: the caller commits as many positions per row as it keeps.
         With `compiled` set, decode and verify forwards (up to DECODE_MAX_T new tokens) run the layers through
@@ -219,7 +221,7 @@ class Decoder(nn.Module):
         positions = torch.arange(S, device=tokens.device).expand(B, S)
         cos, sin = self.rope(positions)
         x = self.embed(tokens)
-        kept = {-1: x} if -1 in capture else {}
+        kept = {EMBEDDINGS: x} if EMBEDDINGS in capture else {}
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(x, cos, sin)
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
