@@ -1,6 +1,7 @@
 """The `bebop` command line: parse, run the command, and turn every failure into one line on stderr and an exit
 status (2 for bad input or a refused write, 130 when interrupted, 141 when the reader of stdout went away)."""
 
+import importlib
 import os
 import sys
 
@@ -10,11 +11,18 @@ from bebop.cli.parser import build_parser
 from bebop.engine.memory import retain_freed_memory
 from bebop.errors import BebopError
 
+def command(args):
+    """The function that runs the parsed command: `args.func` names it as "module:function" of this package, so
+    that parsing (and --help, and a bad flag) imports no command's dependencies."""
+    module, name = args.func.split(":")
+    return getattr(importlib.import_module(f"bebop.cli.{module}"), name)
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     retain_freed_memory()  # this process runs the engine: decode steps reuse freed blocks (bebop.engine.memory)
     try:
-        args.func(args)
+        command(args)(args)
     except BebopError as e:
         print(f"bebop: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -3,11 +3,10 @@
 import argparse
 import sys
 
-from bebop.cli import analyze, generate, rl, train
-from bebop.engine import MODES
+from bebop.engine.modes import MODES
 from bebop.rl.config import (ASYNC_MODES, AUTOCAST, BACKENDS, DTYPES, LOSS_TYPES, MTP_STRATEGIES, ROLLOUTS,
                              SCALE_REWARDS, RLConfig)
-from bebop.training.train import TrainConfig
+from bebop.training.config import TrainConfig
 
 DESCRIPTION = """The `bebop` command line. Bad input gets one line on stderr and exit status 2, never a traceback.
 
@@ -160,7 +159,7 @@ def build_parser():
                                                                "next waiting request (default: all at once)")
     p.add_argument("--max-draft-len", type=int, default=4, help="the largest K --draft-len auto may pick")
     add_sampling_args(p)
-    p.set_defaults(func=generate.cmd_generate)
+    p.set_defaults(func="generate:cmd_generate")
 
     p = sub.add_parser("bench", help="tokens/s and acceptance per mode and batch size, interleaved")
     add_model_args(p)
@@ -175,13 +174,13 @@ def build_parser():
     p.add_argument("--ignore-eos", action="store_true", help="every request generates exactly --max-new-tokens "
                                                              "(default: stop at EOS and count the tokens produced)")
     add_sampling_args(p)
-    p.set_defaults(func=generate.cmd_bench)
+    p.set_defaults(func="generate:cmd_bench")
 
     p = sub.add_parser("export", help="write a draft in the EAGLE-3 layout vLLM and SGLang load")
     add_model_args(p)
     p.add_argument("--format", default="eagle3", choices=("eagle3",), help="the layout (SpecForge's EAGLE-3 directory)")
     p.add_argument("--out", required=True, help="directory to write config.json and model.safetensors to")
-    p.set_defaults(func=generate.cmd_export)
+    p.set_defaults(func="generate:cmd_export")
 
     p = sub.add_parser("check-exactness", help="test that speculative sampling with this model and draft is lossless")
     add_model_args(p)
@@ -192,7 +191,7 @@ def build_parser():
     p.add_argument("--alpha", type=float, default=1e-3, help="false-alarm rate of the whole family of tests")
     p.add_argument("--json", help="write the p-values here")
     add_sampling_args(p)
-    p.set_defaults(func=generate.cmd_check_exactness, draft_len=2)
+    p.set_defaults(func="generate:cmd_check_exactness", draft_len=2)
 
     p = sub.add_parser("make-data", help="self-distillation data: the target's own samples")
     add_model_args(p)
@@ -204,7 +203,7 @@ def build_parser():
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--out", required=True)
     add_sampling_args(p)
-    p.set_defaults(func=train.cmd_make_data)
+    p.set_defaults(func="train:cmd_make_data")
 
     p = sub.add_parser("train-mtp", help="train the MTP draft with ce, kl, tv, e2e-tv, lk or kl+e2e-tv")
     add_model_args(p)
@@ -213,7 +212,7 @@ def build_parser():
     p.add_argument("--out", required=True, help="checkpoint path prefix: OUT.safetensors, OUT.json, ...")
     p.add_argument("--init", help="start from this MTP checkpoint")
     p.add_argument("--resume", action="store_true", help="continue from OUT's last checkpoint")
-    p.set_defaults(func=train.cmd_train_mtp)
+    p.set_defaults(func="train:cmd_train_mtp")
 
     p = sub.add_parser("compare-losses", help="train one MTP per loss on the same budget and compare acceptance")
     add_model_args(p)
@@ -223,7 +222,7 @@ def build_parser():
     p.add_argument("--eval-samples", type=int, default=32, help="held-out prompts for the final evaluation")
     p.add_argument("--eval-new-tokens", type=int, default=64)
     p.add_argument("--out", required=True)
-    p.set_defaults(func=train.cmd_compare_losses)
+    p.set_defaults(func="train:cmd_compare_losses")
 
     p = sub.add_parser("analyze", help="studies: `analyze entropy`")
     studies = p.add_subparsers(dest="study", required=True)
@@ -239,14 +238,14 @@ def build_parser():
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the fit intervals")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
-    p.set_defaults(func=analyze.cmd_analyze_entropy)
+    p.set_defaults(func="analyze:cmd_analyze_entropy")
 
     p = sub.add_parser("rl", help="GRPO with plain or speculative rollouts, synchronous or one step off-policy")
     add_rl_args(p)
-    p.set_defaults(func=rl.cmd_rl)
+    p.set_defaults(func="rl:cmd_rl")
 
     p = sub.add_parser("report", help="compare RL runs: Markdown, JSON and plots; speedups over the ar run")
     p.add_argument("runs", nargs="+", help="directories written by `bebop rl`")
     p.add_argument("--out", default=None, help="output directory (default: the first run's parent)/report")
-    p.set_defaults(func=rl.cmd_report)
+    p.set_defaults(func="rl:cmd_report")
     return parser

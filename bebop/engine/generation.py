@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from bebop.drafts.base import Draft
+from bebop.engine.modes import MODES  # noqa: F401 (here too: engine.generation.MODES)
 from bebop.engine.draft_len import Acceptance, StepCosts, bucket, choose_draft_len, step_costs_for
 from bebop.engine.scheduler import Scheduler
 from bebop.engine.stats import SpecStats
@@ -26,7 +27,6 @@ from bebop.models import compiled
 from bebop.models.decoder import Decoder
 from bebop.sampling import SamplingParams, token_stats
 
-MODES = ("ar", "spec", "spec-greedy")
 DEFAULT_MAX_DRAFT_LEN = 4  # the largest K "auto" may pick
 
 

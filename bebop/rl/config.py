@@ -4,8 +4,8 @@ Names follow TRL's GRPOConfig where TRL has the option."""
 import os
 from dataclasses import dataclass
 
-from bebop.engine.generation import MODES as ROLLOUTS
-from bebop import models
+from bebop.engine.modes import MODES as ROLLOUTS
+from bebop.models import DTYPE_NAMES
 from bebop.errors import BebopError
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
@@ -14,7 +14,7 @@ MTP_STRATEGIES = ("frozen", "online-ce", "online-kl", "online-e2e-tv")
 ASYNC_MODES = ("off", "one-step")
 SCALE_REWARDS = ("group", "batch", "none")
 AUTOCAST = ("auto", "bf16", "off")
-DTYPES = tuple(sorted(models.DTYPES))  # --rollout-dtype's names: bfloat16, float32
+DTYPES = tuple(sorted(DTYPE_NAMES))  # --rollout-dtype's names: bfloat16, float32
 
 
 @dataclass
