@@ -32,7 +32,7 @@ from bebop.engine.step import Rows, speculative_step
 from bebop.models import cpu, registry
 from bebop.sampling import SamplingParams, entropy
 
-COST_FILE = "draft-costs-v4.json"  # the version: what the probe times (a new version probes afresh)
+COST_FILE = "draft-costs-v5.json"  # the version: what the probe times (a new version probes afresh)
 
 
 def machine() -> str:
