@@ -1,7 +1,7 @@
 """Shared, session-scoped models, and the markers of tests that are slow or need vLLM or Ray. The transformers
 models are returned too (test_models compares against them); SmolLM2 is loaded once per session because loading
 it costs seconds. Tests must not modify these models in place: build a copy (see `sharpened` in
-engine/test_generation.py) when a test needs different weights."""
+engine/generation_helpers.py) when a test needs different weights."""
 
 import copy
 import os

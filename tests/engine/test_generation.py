@@ -27,34 +27,9 @@ from bebop.models import cpu
 from bebop.models.registry import chat_ids
 from bebop.drafts.registry import default_mtp, new_mtp, shipped_draft
 from bebop.sampling import SamplingParams, probabilities
+from generation_helpers import TEXTS, agreeable_mtp, scheduled, sharpened, token_matrix
 
 P_OK, P_BAD = 1e-3, 1e-6
-TEXTS = ["hello", "What is 2+2?", "Tell me a story about a cat who lived on a boat."]
-
-
-def sharpened(model, scale):
-    """A copy of `model` whose (untied) LM head is `scale` times the original: much lower entropy."""
-    m = copy.deepcopy(model)
-    head = torch.nn.Linear(m.cfg.dim, m.cfg.vocab_size, bias=False)
-    head.weight.data = model.lm_head.weight.detach().clone() * scale
-    m.lm_head = head.requires_grad_(False)
-    return m
-
-
-def agreeable_mtp(model, e=0.5, h=0.5, seed=0):
-    """An MTP whose input projection is e * I on the token embedding and h * I on the hidden state instead of
-    random: its drafts are sharp and, depending on the model, often right."""
-    mtp = new_mtp(model, seed)
-    d = model.cfg.dim
-    with torch.no_grad():
-        mtp.eh_proj.weight.zero_()
-        mtp.eh_proj.weight[:, :d] = e * torch.eye(d)
-        mtp.eh_proj.weight[:, d:] = h * torch.eye(d)
-    return mtp
-
-
-def token_matrix(gen):
-    return np.array([r.tokens for r in gen.rollouts])
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -301,13 +276,6 @@ def test_temperature_zero_equals_ar_smollm2(smollm2):
 MODES = ["ar", "spec", "spec-greedy"]
 
 
-@pytest.fixture(scope="module")
-def warm(tiny_qwen3):
-    """tiny-qwen3 sharpened (entropy ~3.3 nats against log V = 5.6) with an MTP that is often right."""
-    model = sharpened(tiny_qwen3[0], 15.0)
-    return model, agreeable_mtp(model, 1.0, 0.0), tiny_qwen3[1]
-
-
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("compiled", [False, True])
 def test_rows_are_independent_of_the_batch(warm, mode, compiled):
@@ -491,78 +459,7 @@ def test_empty_prompt_is_refused(warm):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# continuous batching: rows that join mid-way, shared prompts
-
-
-@pytest.mark.parametrize("mode", ["ar", "spec"])
-def test_rows_joining_a_busy_batch_match_running_alone(warm, mode):
-    """Through max_batch=2, requests 2..5 join rows freed by EOS or the limit while the other row is mid-way;
-    each request's tokens must be those it gets alone."""
-    model, mtp, tok = warm
-    texts = TEXTS + ["x", "Explain, in detail, how rejection sampling keeps the output distribution exact.", "ok"]
-    prompts = [chat_ids(tok, t) for t in texts]
-    seeds = [101, 7, 55, 3, 1234, 9]
-    kw = dict(params=SamplingParams(temperature=1.0), mode=mode, mtp=mtp, draft_len=3)
-    free = generate(model, prompts, 16, seed=seeds, eos_ids=[], **kw)
-    kw["eos_ids"] = np.argsort(np.bincount(token_matrix(free).ravel()))[-6:].tolist()
-    finished = []
-    joined = generate(model, prompts, 16, seed=seeds, max_batch=2, on_finish=lambda i, r: finished.append((i, r)),
-                      **kw)
-    assert sorted(i for i, _ in finished) == list(range(len(prompts)))  # once per request
-    assert all(r is joined.rollouts[i] for i, r in finished)
-    assert len({len(r.tokens) for r in joined.rollouts}) > 1  # rows really stop (and free their row) at odd times
-    for i, p in enumerate(prompts):
-        alone = generate(model, [p], 16, seed=[seeds[i]], **kw).rollouts[0]
-        b = joined.rollouts[i]
-        assert b.prompt_index == i and b.tokens == alone.tokens, f"row {i}"
-        assert b.stop_reason == alone.stop_reason
-        np.testing.assert_allclose(b.logprobs, alone.logprobs, atol=1e-5, rtol=0)
-        np.testing.assert_allclose(b.entropies, alone.entropies, atol=1e-5, rtol=0)
-    assert joined.stats.tokens == sum(len(r.tokens) for r in joined.rollouts)
-
-
-def test_samples_of_one_prompt_share_one_prefill(warm, monkeypatch):
-    """G samples of one prompt pay for one prefill, even when they join at different times."""
-    model, mtp, tok = warm
-    a, b = chat_ids(tok, "Tell me a story about a cat who lived on a boat."), chat_ids(tok, "hello")
-    prompts, seeds = [a] * 5 + [b], [3, 4, 5, 6, 7, 8]
-    kw = dict(params=SamplingParams(), mode="spec", mtp=mtp, draft_len=2, eos_ids=[])
-    alone = [generate(model, [p], 6, seed=[s], **kw).rollouts[0].tokens for p, s in zip(prompts, seeds)]
-    widths, forward = [], model.forward
-    monkeypatch.setattr(model, "forward", lambda tokens, cache: widths.append(tokens.shape[1]) or forward(tokens, cache))
-    gen = generate(model, prompts, 6, seed=seeds, max_batch=2, **kw)
-    assert sorted(w for w in widths if w > 3) == sorted([len(a), len(b)])  # one prefill per distinct prompt
-    assert [r.tokens for r in gen.rollouts] == alone
-    assert len({tuple(t) for t in alone[:5]}) > 1  # the samples differ (their own seeds)
-
-
-@pytest.mark.parametrize("mode", ["ar", "spec"])
-def test_waiting_prompts_are_prefilled_a_batch_at_a_time(warm, mode, monkeypatch):
-    """Rows free up at different steps (EOS), but waiting prompts are prefilled max_batch at a time; each
-    request's tokens stay those of running it alone."""
-    model, mtp, tok = warm
-    prompts = [chat_ids(tok, f"Question {i}: " + "why? " * i) for i in range(10)]
-    kw = dict(params=SamplingParams(), mode=mode, mtp=mtp, draft_len=2, eos_ids=list(range(0, model.cfg.vocab_size, 5)))
-    alone = [generate(model, [p], 12, seed=[i], **kw).rollouts[0].tokens for i, p in enumerate(prompts)]
-    assert len({len(t) for t in alone}) > 2  # rows really finish at different steps
-    prefills, forward = [], model.forward
-    monkeypatch.setattr(model, "forward", lambda tokens, cache: (
-        prefills.append(tokens.shape[0]) if tokens.shape[1] > 3 else None) or forward(tokens, cache))
-    gen = generate(model, prompts, 12, seed=list(range(10)), max_batch=4, **kw)
-    assert [r.tokens for r in gen.rollouts] == alone
-    assert len(prefills) <= 3 and sum(prefills) == 10, prefills  # 4 + 4 + 2, not one forward per admission
-
-
-# ---------------------------------------------------------------------------------------------------------
 # draft length chosen per step ("auto"): exact whatever K each step takes, K = 0 included
-
-
-def scheduled(monkeypatch, schedule):
-    """Make "auto" follow `schedule` (cycled, capped as the engine caps it) instead of the cost model."""
-    it = iter(schedule * 1000)
-    monkeypatch.setattr(autodraft, "step_costs", lambda target, mtp, batch, max_k: [1.0] * (max_k + 1))
-    monkeypatch.setattr(engine, "choose_draft_len", lambda alphas, costs, k, drain=None: min(next(it), k))
-    monkeypatch.setattr(autodraft.StepCosts, "wants_baseline", lambda self, batch: False)
 
 
 @pytest.mark.parametrize("mode", ["spec", "spec-greedy"])
@@ -588,36 +485,6 @@ def test_auto_choosing_zero_is_plain_decoding(warm, monkeypatch):
     assert [r.tokens for r in gen.rollouts] == [r.tokens for r in ar.rollouts] and gen.stats.steps == 0
 
 
-@pytest.mark.parametrize("feature_layers", [(), (0, 1), "eagle3"])
-def test_mtp_catches_up_after_steps_without_drafts(warm, monkeypatch, feature_layers):
-    """After K = 0 steps (positions piled up unprojected, fed to the MTP when drafting resumes) the first
-    draft must be the MTP's prediction on the whole committed sequence: the teacher-forced MTP (MTP.unroll)
-    gives the same q. With an MTP reading several layers too, whose features are projected only when the MTP
-    reads them, and with an EAGLE-3 draft (its own layer, norm and head)."""
-    model, mtp, tok = warm
-    if feature_layers == "eagle3":
-        mtp = new_eagle3(model, seed=3)
-        torch.nn.init.normal_(mtp.fc.weight, std=0.3)
-    elif feature_layers:
-        mtp = new_mtp(model, seed=3, feature_layers=feature_layers)
-        torch.nn.init.normal_(mtp.fc.weight, std=0.3)
-    prompts = [chat_ids(tok, t) for t in TEXTS]
-    m = 5  # K = 0 steps before the first draft: the MTP sees nothing until then, then all m positions at once
-    scheduled(monkeypatch, [0] * m + [2] * 50)
-    params = SamplingParams()
-    gen = generate(model, prompts, 12, params, mode="spec", mtp=mtp, draft_len="auto", max_draft_len=2, seed=2,
-                   eos_ids=[], trace=True)
-    tr = gen.trace
-    for r, (prompt, ro) in enumerate(zip(prompts, gen.rollouts)):
-        first = np.flatnonzero((tr["row"] == r) & (tr["depth"] == 0))[0]
-        seq = torch.tensor([prompt + ro.tokens])
-        with torch.no_grad():
-            out = model.forward_full(seq, capture=mtp.feature_layers)
-            h = mtp.unroll(seq, mtp.features(out[1] if mtp.feature_layers else out), 1)[0]
-            q = probabilities(mtp.draft_logits(h[0, len(prompt) + m - 1]), params)
-        assert tr["draft_entropy"][first] == pytest.approx(float(-torch.special.xlogy(q, q).sum()), abs=1e-4)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # the end of the context (issue 11): a request that fits never fails
 
@@ -638,15 +505,6 @@ def test_request_filling_the_whole_context(warm, draft_len, monkeypatch):
     assert gen.stats.accepted > 0
     with pytest.raises(BebopError, match="context"):
         generate(short, [prompt], 13, greedy, mode="ar", eos_ids=[])
-
-
-def test_compaction_fills_finished_slots_with_the_last_rows():
-    from bebop.engine.scheduler import compaction
-
-    assert compaction(6, {1, 4}).tolist() == [0, 5, 2, 3]  # row 5 moves into 1; 4 is beyond the new size
-    assert compaction(4, {0, 1}).tolist() == [3, 2]
-    assert compaction(3, set()).tolist() == [0, 1, 2] and compaction(2, {0, 1}).tolist() == []
-    assert compaction(5, {4}).tolist() == [0, 1, 2, 3]  # the last row finishing moves nothing
 
 
 def test_the_row_spread_one_generation_measured_is_where_the_next_starts(warm, monkeypatch):

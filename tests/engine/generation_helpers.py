@@ -1,0 +1,47 @@
+"""What the engine's tests share: the chat texts, a sharpened copy of a model and an MTP that agrees with it (a
+random tiny model is nearly uniform, which would hide sampling bugs), the token matrix of a generation, and
+"auto" made to follow a schedule. Test modules import it by name (pytest puts this folder on sys.path)."""
+
+import copy
+
+import numpy as np
+import torch
+
+import bebop.engine.draft_len as autodraft
+import bebop.engine.generation as engine
+from bebop.drafts.registry import new_mtp
+
+TEXTS = ["hello", "What is 2+2?", "Tell me a story about a cat who lived on a boat."]
+
+
+def sharpened(model, scale):
+    """A copy of `model` whose (untied) LM head is `scale` times the original: much lower entropy."""
+    m = copy.deepcopy(model)
+    head = torch.nn.Linear(m.cfg.dim, m.cfg.vocab_size, bias=False)
+    head.weight.data = model.lm_head.weight.detach().clone() * scale
+    m.lm_head = head.requires_grad_(False)
+    return m
+
+
+def agreeable_mtp(model, e=0.5, h=0.5, seed=0):
+    """An MTP whose input projection is e * I on the token embedding and h * I on the hidden state instead of
+    random: its drafts are sharp and, depending on the model, often right."""
+    mtp = new_mtp(model, seed)
+    d = model.cfg.dim
+    with torch.no_grad():
+        mtp.eh_proj.weight.zero_()
+        mtp.eh_proj.weight[:, :d] = e * torch.eye(d)
+        mtp.eh_proj.weight[:, d:] = h * torch.eye(d)
+    return mtp
+
+
+def token_matrix(gen):
+    return np.array([r.tokens for r in gen.rollouts])
+
+
+def scheduled(monkeypatch, schedule):
+    """Make "auto" follow `schedule` (cycled, capped as the engine caps it) instead of the cost model."""
+    it = iter(schedule * 1000)
+    monkeypatch.setattr(autodraft, "step_costs", lambda target, mtp, batch, max_k: [1.0] * (max_k + 1))
+    monkeypatch.setattr(engine, "choose_draft_len", lambda alphas, costs, k, drain=None: min(next(it), k))
+    monkeypatch.setattr(autodraft.StepCosts, "wants_baseline", lambda self, batch: False)
