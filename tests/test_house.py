@@ -2,7 +2,11 @@
 imports count), no function a reader cannot hold in one screen, few loose modules, no notebook leftovers."""
 
 import ast
+import functools
+import pickle
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,6 +40,17 @@ def sources() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
+@functools.cache
+def trees() -> dict[Path, ast.Module]:
+    """Every module's syntax tree, parsed in a fresh interpreter: late in a full test run, Python 3.11's
+    `ast.parse` once failed in this process with "AST constructor recursion depth mismatch" on a file it parses
+    fine elsewhere (recursion bookkeeping left by earlier tests)."""
+    paths = [str(p) for p in sources().values()]
+    parse = "import ast, pickle, sys; sys.stdout.buffer.write(pickle.dumps([ast.parse(open(p).read()) for p in sys.argv[1:]]))"
+    out = subprocess.run([sys.executable, "-c", parse, *paths], capture_output=True, check=True).stdout
+    return dict(zip(map(Path, paths), pickle.loads(out)))
+
+
 def stage(module: str) -> int:
     top = module.split(".")[1] if "." in module else ""
     for level, names in enumerate(STAGES):
@@ -47,7 +62,7 @@ def stage(module: str) -> int:
 def imports(path: Path, modules: set[str]) -> set[str]:
     """The bebop modules `path` imports anywhere in it (top level or inside functions)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(trees()[path]):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("bebop.")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("bebop") and not node.level:
@@ -107,7 +122,7 @@ def test_no_import_from_a_lower_stage_to_a_higher_one():
 def test_no_function_longer_than_a_screen():
     long = []
     for module, path in sources().items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(trees()[path]):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not DECLARATIVE.match(node.name):
                 n = node.end_lineno - node.lineno + 1
                 if n > MAX_FUNCTION_LINES:
