@@ -9,7 +9,7 @@ its own: acceptance_rate, mean_acceptance_length, per_position_acceptance). `Vll
 alive and sends it batches (`bebop bench --modes vllm,vllm-spec`). vLLM always runs in a process of its own:
 it spawns its engine core, binds threads and imports a transformers of its own pin, none of which belongs in a
 process that trains or runs bebop's engine. On a CPU it takes all of the machine's cores (vLLM reserves one
-unless told otherwise) and `VLLM_CPU_KVCACHE_SPACE` GiB of KV cache; `pip install bebop[vllm]` installs it, and
+unless told otherwise) and `VLLM_CPU_KVCACHE_SPACE` GiB of KV cache; `pip install 'bebop-rl[vllm]'` installs it, and
 bebop's vLLM plugin (bebop.backends.vllm.plugin) fixes its CPU build's sampling at T > 0.
 """
 
@@ -181,7 +181,7 @@ def main(argv=None):
                                             "temperature": args.temperature, "ignore_eos": args.ignore_eos,
                                             "seeds": [args.seed + i for i in range(len(prompts))]})
     except ImportError as e:
-        print(f"bebop: error: vLLM is not installed here ({e}); pip install 'bebop[vllm]'", file=sys.stderr)
+        print(f"bebop: error: vLLM is not installed here ({e}); pip install 'bebop-rl[vllm]'", file=sys.stderr)
         sys.exit(2)
     except Exception as e:  # noqa: BLE001 -- whatever vLLM raised: one line, not its traceback
         print(f"bebop: error: vLLM failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}", file=sys.stderr)
