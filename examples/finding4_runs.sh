@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 26 (the paper's finding 4 at RL length): pre-RL drafts distilled on the RL task's own prompts with three
+# The paper's finding 4 at RL length: pre-RL drafts distilled on the RL task's own prompts with three
 # losses at equal data and compute, each frozen through a 100-step GRPO run, plus spec-greedy, an online
 # strategy and ar; then the report. Every stage resumes where a kill left it: run this again to continue.
 #   bash examples/finding4_runs.sh            (hours on 2 cores; one stage at a time, all threads each)
