@@ -31,7 +31,7 @@ def installed() -> bool:
 
 
 def cpu_environment() -> dict:
-    """vLLM's CPU settings for a small machine (../shared/design/INTEROP.md): every core, none reserved."""
+    """vLLM's CPU settings for a small machine: every core, none reserved, a 2 GiB KV cache unless set."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return {"VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
             "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), "HF_HUB_OFFLINE": "1",
