@@ -2,7 +2,7 @@
 directory's held-out split, from the feature store that `train-mtp` keeps there (computed if missing).
 
     python examples/mtp_heldout_eval.py --data runs/mtp8/data --eval-sequences 384 \
-        bebop/checkpoints/smollm2-135m-mtp runs/mtp8/one-block runs/mtp8/eagle3
+        bebop/checkpoints/smollm2-135m-mtp-v4 runs/mtp8/one-block runs/mtp8/eagle3
 """
 import argparse
 import copy

@@ -9,7 +9,7 @@ speculative sampling. Backends run one after another in this process, `--repeats
 timings share the machine's conditions. TRL prints its own log line per step (bebop's statistics and timings
 included, under `bebop/`); `rollout_time` is the wall time of TRL's `_generate` (templating, generation,
 decoding, and for bebop the weight sync), the same measurement for every backend.
-Needs `pip install bebop[trl]`.
+Needs `pip install 'bebop-rl[trl]'`.
 """
 
 import argparse

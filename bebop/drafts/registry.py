@@ -1,6 +1,6 @@
 """Draft kinds by name, and drafts made fresh, loaded from checkpoints or EAGLE-3 directories, or shipped with
-bebop (bebop/checkpoints/NAME-ARCH.*). A kind is a Draft subclass registered with @register_draft
-(bebop.drafts.base) in a module imported here."""
+bebop (bebop/checkpoints/NAME-ARCH-vN.*, named in SHIPPED_DRAFTS). A kind is a Draft subclass registered with
+@register_draft (bebop.drafts.base) in a module imported here."""
 
 import json
 from pathlib import Path
@@ -17,9 +17,10 @@ from bebop.drafts.mtp import MTP, new_mtp
 from bebop.errors import BebopError
 from bebop.models.decoder import Decoder
 
-__all__ = ["DRAFT_KINDS", "Draft", "DraftConfig", "Eagle3", "MTP", "MTPConfig", "build_draft", "default_draft",
-           "draft_from_state", "load_draft", "new_draft", "register_draft", "shipped_draft", "target_forward",
-           "target_signature", "default_mtp", "load_mtp", "mtp_from_state", "new_eagle3", "new_mtp"]
+__all__ = ["DRAFT_KINDS", "SHIPPED_DRAFTS", "Draft", "DraftConfig", "Eagle3", "MTP", "MTPConfig", "build_draft",
+           "default_draft", "draft_from_state", "load_draft", "new_draft", "register_draft", "shipped_draft",
+           "shipped_draft_path", "target_forward", "target_signature", "default_mtp", "load_mtp", "mtp_from_state",
+           "new_eagle3", "new_mtp"]
 
 CHECKPOINTS = Path(__file__).parent.parent / "checkpoints"
 
@@ -38,15 +39,30 @@ def new_draft(target: Decoder, kind: str = "mtp", seed: int = 0, **options) -> D
     return DRAFT_KINDS[kind].fresh(target, seed=seed, **options)
 
 
+# the committed drafts, by model and kind: each file name carries its version, so a cited `--mtp` path keeps
+# naming the weights it was measured with when a newer version ships beside it
+SHIPPED_DRAFTS = {
+    ("smollm2-135m", "eagle3"): "smollm2-135m-eagle3-v2",
+    ("smollm2-135m", "mtp"): "smollm2-135m-mtp-v4",
+}
+
+
+def shipped_draft_path(model_name: str, kind: str = "mtp") -> Path | None:
+    """Where the committed draft of kind `kind` for `model_name` lies (without .safetensors / .json), if one ships."""
+    name = SHIPPED_DRAFTS.get((model_name, kind))
+    return CHECKPOINTS / name if name else None
+
+
 def shipped_draft(target: Decoder, kind: str = "mtp") -> Draft | None:
-    """The committed trained draft of kind `kind` for the target (bebop/checkpoints/NAME-KIND.*), if any."""
-    shipped = CHECKPOINTS / f"{getattr(target, 'name', '')}-{kind}.safetensors"
-    return load_draft(shipped, target) if shipped.exists() else None
+    """The committed trained draft of kind `kind` for the target (bebop/checkpoints/NAME-KIND-vN.*), if any."""
+    path = shipped_draft_path(getattr(target, "name", ""), kind)
+    shipped = path.with_suffix(".safetensors") if path else None
+    return load_draft(shipped, target) if shipped and shipped.exists() else None
 
 
 def default_draft(target: Decoder) -> Draft:
-    """The target's committed trained draft: its EAGLE-3 draft if one ships (bebop/checkpoints/NAME-eagle3.*, the
-    one draft that bebop's engine, vLLM and SGLang all run), else its DeepSeek-layout MTP (NAME-mtp.*), else a
+    """The target's committed trained draft: its EAGLE-3 draft if one ships (bebop/checkpoints/NAME-eagle3-vN.*, the
+    one draft that bebop's engine, vLLM and SGLang all run), else its DeepSeek-layout MTP (NAME-mtp-vN.*), else a
     fresh seeded MTP."""
     return shipped_draft(target, "eagle3") or shipped_draft(target) or new_mtp(target)
 

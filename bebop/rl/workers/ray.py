@@ -58,7 +58,7 @@ def connect(address: str | None, cpus: int):
     try:
         import ray
     except ImportError:
-        raise BebopError("--ray needs Ray: pip install 'bebop[ray]'") from None
+        raise BebopError("--ray needs Ray: pip install 'bebop-rl[ray]'") from None
     if address not in (None, "auto"):  # Ray waits minutes for an address nobody answers at: ask first
         host, _, port = address.removeprefix("ray://").rpartition(":")
         try:

@@ -35,7 +35,7 @@ def setup(smollm2, tmp_path_factory):
     """The shipped EAGLE-3 draft, its export in a vLLM engine (kept for the module), and the prompts."""
     model, tok = smollm2
     draft = shipped_draft(model, "eagle3")
-    assert draft is not None, "bebop/checkpoints/smollm2-135m-eagle3.* must ship"
+    assert draft is not None, "bebop/checkpoints/smollm2-135m-eagle3-v2.* must ship"
     export = export_eagle3(draft, tmp_path_factory.mktemp("vllm") / "draft")
     engine = VllmEngine(hf_dir("smollm2-135m"), "float32", draft=export, num_speculative_tokens=K, enforce_eager=True)
     yield model, draft, engine, [chat_ids(tok, p) for p in default_prompts(N_PROMPTS)]
