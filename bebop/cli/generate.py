@@ -61,7 +61,7 @@ def start_vllm(args, model, mtp, modes: list[str], tmp: Path) -> dict:
     if not modes:
         return {}
     if not vllm_engine.installed():
-        raise BebopError("the vllm modes need vLLM: pip install 'bebop[vllm]'")
+        raise BebopError("the vllm modes need vLLM: pip install 'bebop-rl[vllm]'")
     if "vllm-spec" in modes and mtp.arch != "eagle3":
         raise BebopError("vllm-spec needs an EAGLE-3 draft (--mtp DIR, an EAGLE-3 checkpoint, or random-eagle3): "
                          "the DeepSeek MTP layout loads in bebop's engine only")

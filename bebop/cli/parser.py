@@ -93,7 +93,7 @@ def add_rl_args(p):
     p.add_argument("--max-draft-len", type=int, default=d.max_draft_len,
                    help="the largest K --draft-len auto may pick (and the depth an online MTP strategy trains)")
     p.add_argument("--ray", nargs="?", const="local", default=d.ray, metavar="ADDRESS",
-                   help="rollout workers as Ray actors (bebop[ray]): no ADDRESS starts a local Ray, 'auto' joins "
+                   help="rollout workers as Ray actors (pip install 'bebop-rl[ray]'): no ADDRESS starts a local Ray, 'auto' joins "
                         "the running cluster, or host:port")
     p.add_argument("--rollout-workers", type=int, default=d.rollout_workers,
                    help="Ray rollout actors; the rollout threads are split between them")

@@ -22,7 +22,7 @@ def cmd_rl(args):
     heldout = rl_tasks(cfg.task, cfg.eval_prompts, cfg.seed, "heldout", cfg.difficulty)
     if cfg.rollout_backend == "vllm":  # what vLLM cannot run: one line before any model loads
         if not vllm_engine.installed():
-            raise BebopError("--rollout-backend vllm needs vLLM: pip install 'bebop[vllm]'")
+            raise BebopError("--rollout-backend vllm needs vLLM: pip install 'bebop-rl[vllm]'")
         hf_dir(cfg.model)
     policy, tok = load_model(cfg.model)  # fp32 master weights; rollouts use their own --rollout-dtype copy
     mtp = None
