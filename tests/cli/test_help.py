@@ -1,0 +1,40 @@
+"""`bebop --help`, `--version` and every command's help: user words, defaults shown, no torch imported."""
+
+import subprocess
+import sys
+
+import pytest
+
+from bebop import __version__
+from bebop.cli.parser import build_parser
+
+
+def run_cli(*argv):
+    return subprocess.run([sys.executable, "-m", "bebop.cli", *argv], capture_output=True, text=True)
+
+
+def test_version_prints_the_package_version():
+    done = run_cli("--version")
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"bebop {__version__}"
+
+
+def test_top_help_says_what_bebop_is_and_lists_commands():
+    text = build_parser().format_help()
+    assert "speculative decoding" in text
+    for name in ("generate", "bench", "make-data", "train-mtp", "rl", "report"):
+        assert f"    {name}" in text
+
+
+def test_help_imports_no_torch():
+    code = "import sys\nfrom bebop.cli.parser import build_parser\nbuild_parser().format_help()\n" \
+           "assert 'torch' not in sys.modules, 'torch imported'"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("command", ["generate", "bench", "rl", "train-mtp", "make-data"])
+def test_command_help_shows_defaults(command):
+    sub = build_parser()._subparsers._group_actions[0].choices[command]
+    text = " ".join(sub.format_help().split())
+    assert "--seed SEED random seed (default: 0)" in text
