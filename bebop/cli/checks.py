@@ -84,7 +84,7 @@ def check_output_dir(path, flag):
 
 
 
-def check_mtp_file(spec, flag="--mtp"):
+def check_mtp_file(spec, flag="--draft"):
     """A given MTP checkpoint or EAGLE-3 directory must exist, whatever the mode ('random' is a name, not a
     file)."""
     if spec is None or spec in RANDOM_DRAFTS:

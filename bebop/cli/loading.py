@@ -1,11 +1,11 @@
-"""The model and draft a command names (--model, --mtp), loaded."""
+"""The model and draft a command names (--model, --draft), loaded."""
 
 from bebop.drafts.registry import default_draft, load_draft, new_draft
 from bebop.models.registry import load_model
 
 
 def pick_mtp(spec: str | None, model):
-    """--mtp: a checkpoint path or EAGLE-3 directory, 'random' / 'random-eagle3' (seeded fresh drafts), or None
+    """--draft: a checkpoint path or EAGLE-3 directory, 'random' / 'random-eagle3' (seeded fresh drafts), or None
     (the model's default)."""
     if spec == "random":
         return new_draft(model, "mtp")
@@ -16,7 +16,7 @@ def pick_mtp(spec: str | None, model):
 
 
 def load(args, need_mtp=True):
-    """(model, tokenizer, mtp) from --model / --mtp."""
+    """(model, tokenizer, mtp) from --model / --draft."""
     model, tok = load_model(args.model, dtype=getattr(args, "dtype", "float32"), compile=args.compile)
     mtp = None
     if need_mtp:

@@ -1,4 +1,14 @@
-"""The `bebop` argument parser: every command's flags, their defaults and help, and the argument types."""
+"""The `bebop` argument parser: every command's flags, their defaults and help, and the argument types.
+
+One name per idea across commands (TRL's names where TRL has one, vLLM's where it fits):
+  --draft                    the draft checkpoint (or 'random', 'random-eagle3')
+  --draft-len                draft tokens per step (alias: --num-speculative-tokens, vLLM's name)
+  --learning-rate            an optimizer's learning rate
+  --max-new-tokens           tokens generated per prompt (rl: --max-completion-length, per completion, as TRL)
+  --num-samples              samples or sequences drawn; --num-prompts / --*-prompts count prompts
+  --output                   a file written; --out a directory (or checkpoint prefix) written
+Old spellings stay accepted for one release as hidden aliases that print one "deprecated" line (deprecated()).
+"""
 
 import argparse
 import sys
@@ -40,9 +50,28 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+class DeprecatedAlias(argparse.Action):
+    """An old spelling of an option: still sets the same value, and says once on stderr which name to use."""
+
+    def __init__(self, option_strings, dest, new, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"bebop: deprecated: {option_string}: use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def deprecated(p, old, new):
+    """Accept `old` as a hidden, deprecated spelling of the option `new` already added to `p`."""
+    a = p._option_string_actions[new]
+    p.add_argument(old, dest=a.dest, type=a.type, choices=a.choices, metavar=a.metavar, action=DeprecatedAlias,
+                   new=new, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
 def add_model_args(p):
     p.add_argument("--model", default="smollm2-135m", help="registry name or local Hugging Face model directory")
-    p.add_argument("--mtp", default=None, help="the draft: an MTP checkpoint (NAME.safetensors + NAME.json), an EAGLE-3 "
+    p.add_argument("--draft", dest="mtp", default=None, help="the draft: an MTP checkpoint (NAME.safetensors + NAME.json), an EAGLE-3 "
                    "directory (config.json + *.safetensors, as SpecForge writes and `bebop export` writes), 'random' or "
                    "'random-eagle3' (seeded fresh drafts); default: the committed one for smollm2-135m (its EAGLE-3 "
                    "draft), else random")
@@ -52,6 +81,7 @@ def add_model_args(p):
     p.add_argument("--compile", default=None, choices=("0", "auto", "1"),
                    help="the compiled decode step: 1 on, 0 eager, auto where the --dtype auto probe times it faster "
                         "(default: $BEBOP_COMPILE, else 0); a first compile takes minutes, later runs reuse it")
+    deprecated(p, "--mtp", "--draft")
 
 
 def draft_len_arg(text: str):
@@ -64,19 +94,20 @@ def draft_len_arg(text: str):
         raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got '{text}'") from None
 
 
-def add_sampling_args(p, temperature=1.0):
+def add_sampling_args(p, temperature=1.0, max_new_tokens=True):
     p.add_argument("--temperature", type=float, default=temperature, help="sampling temperature (0: argmax)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the smallest set of tokens with this much probability (1: off)")
     p.add_argument("--top-k", type=int, default=0, help="keep the K most likely tokens (0: off)")
-    p.add_argument("--draft-len", type=draft_len_arg, default="auto", help="drafts per step, or 'auto'")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt at most")
+    p.add_argument("--draft-len", "--num-speculative-tokens", type=draft_len_arg, default="auto", help="drafts per step, or 'auto'")
+    if max_new_tokens:
+        p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt at most")
     p.add_argument("--seed", type=int, default=0, help="random seed")
 
 
 def add_rl_args(p):
     d = RLConfig()
     p.add_argument("--model", default=d.model, help="registry name or local Hugging Face model directory")
-    p.add_argument("--mtp", default=d.mtp, help="the draft, as for generate: a checkpoint, an EAGLE-3 directory, 'random' or "
+    p.add_argument("--draft", dest="mtp", default=d.mtp, help="the draft, as for generate: a checkpoint, an EAGLE-3 directory, 'random' or "
                    "'random-eagle3'; default: the model's shipped draft (EAGLE-3 for smollm2-135m)")
     p.add_argument("--task", default=d.task, help="RL task (arithmetic, code)")
     p.add_argument("--difficulty", default=d.difficulty, help="task difficulty level (default: the task's)")
@@ -103,7 +134,7 @@ def add_rl_args(p):
     p.add_argument("--rollout-backend", default=d.rollout_backend,
                    help=f"{'|'.join(BACKENDS)}: the engine that generates rollouts (vllm: EAGLE-3 drafts only, "
                         "default the model's shipped one; its log goes to OUT/vllm.log)")
-    p.add_argument("--draft-len", type=draft_len_arg, default=d.draft_len,
+    p.add_argument("--draft-len", "--num-speculative-tokens", type=draft_len_arg, default=d.draft_len,
                    help="draft tokens per step, or 'auto' (chosen every step by cost, up to --max-draft-len; "
                         "--rollout-backend vllm needs a number: its num_speculative_tokens)")
     p.add_argument("--max-draft-len", type=int, default=d.max_draft_len,
@@ -126,6 +157,7 @@ def add_rl_args(p):
     p.add_argument("--seed", type=int, default=d.seed, help="random seed")
     p.add_argument("--out", required=True, help="output directory: metrics, checkpoints, logs")
     p.add_argument("--resume", action="store_true", help="continue from OUT's last checkpoint")
+    deprecated(p, "--mtp", "--draft")
 
 
 def add_train_args(p):
@@ -134,7 +166,7 @@ def add_train_args(p):
     p.add_argument("--draft-len", type=int, default=d.draft_len, help="tokens the draft predicts ahead (its trained depth)")
     p.add_argument("--steps", type=int, default=d.steps, help="training steps")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per training step")
-    p.add_argument("--lr", type=float, default=d.lr, help="learning rate (AdamW)")
+    p.add_argument("--learning-rate", type=float, default=d.lr, help="learning rate (AdamW)")
     p.add_argument("--draft-vocab", type=int, default=d.draft_vocab,
                    help="restrict the draft head to the N most frequent training tokens (0 = full vocabulary)")
     p.add_argument("--max-seq-len", type=int, default=d.max_seq_len, help="longest training sequence, in tokens")
@@ -158,6 +190,7 @@ def add_train_args(p):
                    help="the target forward that computes the training features (auto: the faster here)")
     p.add_argument("--autocast", default="auto", choices=("auto", "bf16", "off"),
                    help="bf16 autocast of training steps over fp32 weights (auto: if a probe finds it faster)")
+    deprecated(p, "--lr", "--learning-rate")
 
 
 def build_parser():
@@ -189,7 +222,8 @@ def build_parser():
                         "ar-compiled, spec-compiled: on the compiled decode step, against the others run eager")
     p.add_argument("--prompts", help="JSONL prompts (default: built-in held-out task prompts)")
     p.add_argument("--repeats", type=int, default=3, help="measurements per mode and batch size")
-    p.add_argument("--json", help="write the results here")
+    p.add_argument("--output", help="JSON file to write the results to")
+    deprecated(p, "--json", "--output")
     p.add_argument("--ignore-eos", action="store_true", help="every request generates exactly --max-new-tokens "
                                                              "(default: stop at EOS and count the tokens produced)")
     add_sampling_args(p)
@@ -205,11 +239,14 @@ def build_parser():
     add_model_args(p)
     p.add_argument("--mode", default="spec", help="spec (sampled drafts) or spec-greedy (argmax drafts, exact probabilistic verification)")
     p.add_argument("--prompt", default="Tell me a short story.", help="the prompt whose first tokens are sampled")
-    p.add_argument("--samples", type=int, default=2000, help="samples per mode (more: more power)")
-    p.add_argument("--tokens", type=int, default=3, help="tokens sampled per sample")
+    p.add_argument("--num-samples", type=int, default=2000, help="samples per mode (more: more power)")
+    p.add_argument("--max-new-tokens", type=int, default=3, help="tokens sampled per sample")
     p.add_argument("--alpha", type=float, default=1e-3, help="false-alarm rate of the whole family of tests")
-    p.add_argument("--json", help="write the p-values here")
-    add_sampling_args(p)
+    p.add_argument("--output", help="JSON file to write the p-values to")
+    deprecated(p, "--json", "--output")
+    deprecated(p, "--samples", "--num-samples")
+    deprecated(p, "--tokens", "--max-new-tokens")
+    add_sampling_args(p, max_new_tokens=False)
     p.set_defaults(func="generate:cmd_check_exactness", draft_len=2)
 
     p = sub.add_parser("make-data", help="self-distillation data: the target's own samples")
@@ -238,9 +275,11 @@ def build_parser():
     add_train_args(p)
     p.add_argument("--losses", default="ce,kl,tv,e2e-tv,lk,kl+e2e-tv", help="comma-separated losses to compare")
     p.add_argument("--temperatures", default="0.6,1.0,1.2", help="comma-separated sampling temperatures to evaluate at")
-    p.add_argument("--eval-samples", type=int, default=32, help="held-out prompts for the final evaluation")
-    p.add_argument("--eval-new-tokens", type=int, default=64, help="tokens per held-out prompt in the final evaluation")
+    p.add_argument("--final-eval-prompts", type=int, default=32, help="held-out prompts for the final evaluation")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per held-out prompt in the final evaluation")
     p.add_argument("--out", required=True, help="output directory: one checkpoint per loss and the comparison")
+    deprecated(p, "--eval-samples", "--final-eval-prompts")
+    deprecated(p, "--eval-new-tokens", "--max-new-tokens")
     p.set_defaults(func="train:cmd_compare_losses")
 
     p = sub.add_parser("analyze", help="studies: `analyze entropy`")

@@ -29,13 +29,13 @@ def cmd_rl(args):
     if cfg.rollout != "ar" and cfg.rollout_backend == "vllm" and cfg.mtp is None:
         mtp = shipped_draft(policy, "eagle3")  # vLLM loads EAGLE-3 drafts: the model's shipped one
         if mtp is None:
-            raise BebopError(f"--rollout-backend vllm with --rollout {cfg.rollout} needs an EAGLE-3 draft (--mtp DIR "
+            raise BebopError(f"--rollout-backend vllm with --rollout {cfg.rollout} needs an EAGLE-3 draft (--draft DIR "
                              f"or random-eagle3): '{cfg.model}' ships none")
     elif cfg.rollout != "ar":
         mtp = pick_mtp(cfg.mtp, policy)
         if cfg.rollout_backend == "vllm" and mtp.arch != "eagle3":
             raise BebopError(f"--rollout-backend vllm: '{cfg.mtp}' is a DeepSeek-layout MTP; vLLM loads EAGLE-3 drafts "
-                             "only (--mtp an EAGLE-3 directory or checkpoint, or random-eagle3)")
+                             "only (--draft an EAGLE-3 directory or checkpoint, or random-eagle3)")
     rows = run_rl(cfg, args.out, policy, tok, train, heldout, mtp, score=rewards, resume=args.resume)
     evals = [json.loads(x) for x in (Path(args.out) / "eval.jsonl").read_text().splitlines()]
     for e in evals[:1] + evals[-1:]:

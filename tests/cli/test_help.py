@@ -38,3 +38,28 @@ def test_command_help_shows_defaults(command):
     sub = build_parser()._subparsers._group_actions[0].choices[command]
     text = " ".join(sub.format_help().split())
     assert "--seed SEED random seed (default: 0)" in text
+
+
+@pytest.mark.parametrize("argv, old, new, dest, value", [
+    (["train-mtp", "--data", "d", "--out", "o"], "--lr", "--learning-rate", "learning_rate", 0.5),
+    (["generate"], "--mtp", "--draft", "mtp", "random"),
+    (["rl", "--out", "o"], "--mtp", "--draft", "mtp", "random"),
+    (["bench"], "--json", "--output", "output", "r.json"),
+    (["check-exactness"], "--samples", "--num-samples", "num_samples", 300),
+    (["check-exactness"], "--tokens", "--max-new-tokens", "max_new_tokens", 5),
+    (["check-exactness"], "--json", "--output", "output", "p.json"),
+    (["compare-losses", "--data", "d", "--out", "o"], "--eval-samples", "--final-eval-prompts", "final_eval_prompts", 7),
+    (["compare-losses", "--data", "d", "--out", "o"], "--eval-new-tokens", "--max-new-tokens", "max_new_tokens", 9),
+])
+def test_old_spellings_still_work_and_warn(capsys, argv, old, new, dest, value):
+    parser = build_parser()
+    old_args = parser.parse_args(argv + [old, str(value)])
+    assert capsys.readouterr().err.strip() == f"bebop: deprecated: {old}: use {new}"
+    new_args = parser.parse_args(argv + [new, str(value)])
+    assert capsys.readouterr().err == ""
+    assert getattr(old_args, dest) == getattr(new_args, dest) == value
+
+
+def test_num_speculative_tokens_is_draft_len():
+    args = build_parser().parse_args(["rl", "--out", "o", "--num-speculative-tokens", "3"])
+    assert args.draft_len == 3
