@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 from bebop.backends.vllm import engine as vllm_engine
-from bebop.cli.checks import (at_least, check_context, check_model_args, check_output_dir, check_output_file,
+from bebop.cli.checks import (at_least, check_context, check_draft_args, check_draft_len, check_output_dir, check_output_file,
                               check_text, number_list, sampling_params)
 from bebop.cli.loading import load, pick_mtp
 from bebop.drafts.eagle3 import Eagle3
@@ -23,10 +23,11 @@ from bebop.tasks import default_prompts, load_prompts_file
 
 def cmd_generate(args):
     params = sampling_params(args)
+    check_draft_len(args)
     if (args.prompt is None) == (args.prompts is None):
         raise BebopError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
     at_least(args, 1, "num_samples")
-    check_model_args(args)
+    check_draft_args(args)
     if args.prompt is not None:
         check_text(args.prompt, "--prompt")
     if args.output is not None:
@@ -83,6 +84,7 @@ def start_vllm(args, model, mtp, modes: list[str], tmp: Path) -> dict:
 
 def cmd_bench(args):
     params = sampling_params(args)
+    check_draft_len(args)
     batch_sizes = number_list(args.batch_sizes)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     known = (*ENGINE_MODES, *(m + COMPILED for m in ENGINE_MODES), "hf", "vllm", "vllm-spec")
@@ -90,7 +92,7 @@ def cmd_bench(args):
     if bad or not modes:
         raise BebopError(f"unknown mode(s) {bad or modes}: choose from {', '.join(known)}")
     at_least(args, 1, "repeats")
-    check_model_args(args)
+    check_draft_args(args)
     if args.output is not None:
         check_output_file(args.output, "--output")
     texts = load_prompts_file(args.prompts) if args.prompts else default_prompts(max(batch_sizes) * args.repeats)
@@ -119,7 +121,9 @@ def cmd_bench(args):
 
 
 def cmd_export(args):
-    check_model_args(args)
+    if args.format != "eagle3":  # the only layout so far; --format names it for when there are more
+        raise BebopError(f"--format must be eagle3, got {args.format}")
+    check_draft_args(args)
     check_output_dir(args.out, "--out")
     if Path(args.out).is_dir() and any(Path(args.out).iterdir()):
         raise BebopError(f"--out {args.out}: exists and is not empty; choose another directory")
@@ -141,11 +145,9 @@ def cmd_check_exactness(args):
     params = sampling_params(args)
     if args.mode not in ENGINE_MODES or args.mode == "ar":
         raise BebopError(f"--mode must be spec or spec-greedy, got {args.mode}")
-    if args.draft_len == "auto":
-        raise BebopError("--draft-len: give a number (the test fixes K so that drafts are made every step)")
     at_least(args, 1, "draft_len", "max_new_tokens")
     at_least(args, 100, "num_samples")
-    check_model_args(args)
+    check_draft_args(args)
     model, tok, draft = load(args)
     prompt = chat_ids(tok, args.prompt)
     check_context(model, [prompt], args.max_new_tokens + args.draft_len + 2)

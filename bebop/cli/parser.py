@@ -42,6 +42,7 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)  # a prefix of one option must not silently mean another
         super().__init__(*args, **kwargs)
 
     def error(self, message):
@@ -69,19 +70,24 @@ def deprecated(p, old, new):
                    new=new, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
-def add_model_args(p):
+def add_model_args(p, draft=True, dtype=True, compile=True):
+    """--model, and the options of the commands that use them: --draft, --dtype, --compile."""
     p.add_argument("--model", default="smollm2-135m", help="registry name or local Hugging Face model directory")
-    p.add_argument("--draft", dest="mtp", default=None, help="the draft: an MTP checkpoint (NAME.safetensors + NAME.json), an EAGLE-3 "
+    if draft:
+        p.add_argument("--draft", dest="mtp", default=None, help="the draft: an MTP checkpoint (NAME.safetensors + NAME.json), an EAGLE-3 "
                    "directory (config.json + *.safetensors, as SpecForge writes and `bebop export` writes), 'random' or "
                    "'random-eagle3' (seeded fresh drafts); default: the committed one for smollm2-135m (its EAGLE-3 "
                    "draft), else random")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+    if dtype:
+        p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="weights and activations for generating (generate, bench, make-data); auto: bfloat16 where a "
                         "short probe, cached per machine and model, measures it faster, else float32")
-    p.add_argument("--compile", default=None, choices=("0", "auto", "1"),
+    if compile:
+        p.add_argument("--compile", default=None, choices=("0", "auto", "1"),
                    help="the compiled decode step: 1 on, 0 eager, auto where the --dtype auto probe times it faster "
                         "(default: $BEBOP_COMPILE, else 0); a first compile takes minutes, later runs reuse it")
-    deprecated(p, "--mtp", "--draft")
+    if draft:
+        deprecated(p, "--mtp", "--draft")
 
 
 def draft_len_arg(text: str):
@@ -94,11 +100,12 @@ def draft_len_arg(text: str):
         raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got '{text}'") from None
 
 
-def add_sampling_args(p, temperature=1.0, max_new_tokens=True):
+def add_sampling_args(p, temperature=1.0, max_new_tokens=True, draft_len=True):
     p.add_argument("--temperature", type=float, default=temperature, help="sampling temperature (0: argmax)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the smallest set of tokens with this much probability (1: off)")
     p.add_argument("--top-k", type=int, default=0, help="keep the K most likely tokens (0: off)")
-    p.add_argument("--draft-len", "--num-speculative-tokens", type=draft_len_arg, default="auto", help="drafts per step, or 'auto'")
+    if draft_len:
+        p.add_argument("--draft-len", "--num-speculative-tokens", type=draft_len_arg, default="auto", help="drafts per step, or 'auto'")
     if max_new_tokens:
         p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt at most")
     p.add_argument("--seed", type=int, default=0, help="random seed")
@@ -194,9 +201,9 @@ def add_train_args(p):
 
 
 def build_parser():
-    from bebop import __version__
+    version = sys.modules["bebop"].__version__  # the package this parser belongs to, loaded before it
     parser = Parser(prog="bebop", description=DESCRIPTION)
-    parser.add_argument("--version", action="version", version=f"bebop {__version__}")
+    parser.add_argument("--version", action="version", version=f"bebop {version}")
     sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
     p = sub.add_parser("generate", help="sample completions (plain or speculative)")
@@ -230,7 +237,7 @@ def build_parser():
     p.set_defaults(func="generate:cmd_bench")
 
     p = sub.add_parser("export", help="write a draft in the EAGLE-3 layout vLLM and SGLang load")
-    add_model_args(p)
+    add_model_args(p, dtype=False, compile=False)
     p.add_argument("--format", default="eagle3", choices=("eagle3",), help="the layout (SpecForge's EAGLE-3 directory)")
     p.add_argument("--out", required=True, help="directory to write config.json and model.safetensors to")
     p.set_defaults(func="generate:cmd_export")
@@ -246,11 +253,13 @@ def build_parser():
     deprecated(p, "--json", "--output")
     deprecated(p, "--samples", "--num-samples")
     deprecated(p, "--tokens", "--max-new-tokens")
-    add_sampling_args(p, max_new_tokens=False)
-    p.set_defaults(func="generate:cmd_check_exactness", draft_len=2)
+    p.add_argument("--draft-len", "--num-speculative-tokens", type=int, default=2,
+                   help="draft tokens per step (a fixed K, so that every step drafts)")
+    add_sampling_args(p, max_new_tokens=False, draft_len=False)
+    p.set_defaults(func="generate:cmd_check_exactness")
 
     p = sub.add_parser("make-data", help="self-distillation data: the target's own samples")
-    add_model_args(p)
+    add_model_args(p, draft=False)
     p.add_argument("--prompts", default="builtin", help="'builtin' (chat, math and code tasks) or a JSONL file")
     p.add_argument("--mix", default=None, help="shares of the built-in kinds, e.g. math=0.4,code=0.3,chat=0.3 "
                    "(the default)")
@@ -258,11 +267,11 @@ def build_parser():
     p.add_argument("--heldout-samples", type=int, default=64, help="held-out sequences for evaluation")
     p.add_argument("--batch-size", type=int, default=16, help="prompts generated at once")
     p.add_argument("--out", required=True, help="output directory for the data")
-    add_sampling_args(p)
+    add_sampling_args(p, draft_len=False)
     p.set_defaults(func="train:cmd_make_data")
 
     p = sub.add_parser("train-mtp", help="train the MTP draft with ce, kl, tv, e2e-tv, lk or kl+e2e-tv")
-    add_model_args(p)
+    add_model_args(p, draft=False, dtype=False)
     add_train_args(p)
     p.add_argument("--loss", default=TrainConfig.loss, help="training loss: ce, kl, tv, e2e-tv, lk or kl+e2e-tv")
     p.add_argument("--out", required=True, help="checkpoint path prefix: OUT.safetensors, OUT.json, ...")
@@ -271,7 +280,7 @@ def build_parser():
     p.set_defaults(func="train:cmd_train_mtp")
 
     p = sub.add_parser("compare-losses", help="train one MTP per loss on the same budget and compare acceptance")
-    add_model_args(p)
+    add_model_args(p, draft=False, dtype=False)
     add_train_args(p)
     p.add_argument("--losses", default="ce,kl,tv,e2e-tv,lk,kl+e2e-tv", help="comma-separated losses to compare")
     p.add_argument("--temperatures", default="0.6,1.0,1.2", help="comma-separated sampling temperatures to evaluate at")
@@ -285,7 +294,7 @@ def build_parser():
     p = sub.add_parser("analyze", help="studies: `analyze entropy`")
     studies = p.add_subparsers(dest="study", required=True)
     p = studies.add_parser("entropy", help="acceptance vs the policy's entropy, probabilistic and greedy drafting")
-    add_model_args(p)
+    add_model_args(p, dtype=False)
     p.add_argument("--policy", action="append", default=[], help="another policy checkpoint (model directory) "
                                                                   "to study with the same MTP; repeatable")
     p.add_argument("--prompts", help="JSONL prompts (default: built-in held-out task prompts)")
