@@ -32,7 +32,7 @@ def cmd_rl(args):
             raise BebopError(f"--rollout-backend vllm with --rollout {cfg.rollout} needs an EAGLE-3 draft (--draft DIR "
                              f"or random-eagle3): '{cfg.model}' ships none")
     elif cfg.rollout != "ar":
-        mtp = pick_mtp(cfg.mtp, policy)
+        mtp = pick_mtp(cfg.mtp, policy, need_trained=cfg.mtp_strategy == "frozen")  # online strategies train it
         if cfg.rollout_backend == "vllm" and mtp.arch != "eagle3":
             raise BebopError(f"--rollout-backend vllm: '{cfg.mtp}' is a DeepSeek-layout MTP; vLLM loads EAGLE-3 drafts "
                              "only (--draft an EAGLE-3 directory or checkpoint, or random-eagle3)")

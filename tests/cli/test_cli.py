@@ -26,7 +26,7 @@ def test_generate_writes_jsonl(tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "hello"}\n\n{"prompt": "2+2?"}\n')
     out = tmp_path / "out.jsonl"
-    main(["generate", "--model", "tiny-llama", "--prompts", str(prompts), "--num-samples", "2", "--max-new-tokens",
+    main(["generate", "--model", "tiny-llama", "--draft", "random", "--prompts", str(prompts), "--num-samples", "2", "--max-new-tokens",
           "5", "--temperature", "0.8", "--mode", "spec", "--draft-len", "2", "--seed", "3", "--output", str(out)])
     lines = sorted((json.loads(x) for x in out.read_text().splitlines()), key=lambda x: x["index"])  # finish order
     assert [x["index"] for x in lines] == [0, 1, 2, 3] and [x["prompt_index"] for x in lines] == [0, 0, 1, 1]
@@ -42,7 +42,7 @@ def test_generate_auto_draft_len_through_a_small_batch(tmp_path, capsys, monkeyp
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "hello"}\n{"prompt": "2+2?"}\n')
     out = tmp_path / "out.jsonl"
-    main(["generate", "--model", "tiny-llama", "--prompts", str(prompts), "--num-samples", "3", "--max-new-tokens",
+    main(["generate", "--model", "tiny-llama", "--draft", "random", "--prompts", str(prompts), "--num-samples", "3", "--max-new-tokens",
           "8", "--mode", "spec", "--max-batch", "2", "--max-draft-len", "2", "--output", str(out)])
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["prompt_index"] for x in lines] == [0, 0, 0, 1, 1, 1]  # request order, though rows finish in any
@@ -54,7 +54,7 @@ def test_generate_auto_draft_len_through_a_small_batch(tmp_path, capsys, monkeyp
 
 def test_bench_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    main(["bench", "--model", "tiny-qwen3", "--batch-sizes", "1,2", "--modes", "ar,spec,spec-greedy,hf",
+    main(["bench", "--model", "tiny-qwen3", "--draft", "random", "--batch-sizes", "1,2", "--modes", "ar,spec,spec-greedy,hf",
           "--draft-len", "2", "--max-new-tokens", "6", "--repeats", "1", "--dtype", "bfloat16", "--output", str(out)])
     report = json.loads(out.read_text())
     assert report["model"] == "tiny-qwen3" and report["dtype"] == "bfloat16" and report["cpu"]
@@ -72,7 +72,7 @@ def test_bench_json(tmp_path, capsys):
 
 
 def test_bad_input_is_one_clear_line(tmp_path, capsys):
-    base = ["generate", "--model", "tiny-llama", "--prompt", "hi", "--max-new-tokens", "2"]
+    base = ["generate", "--model", "tiny-llama", "--draft", "random", "--prompt", "hi", "--max-new-tokens", "2"]
     assert "unknown model 'nope'" in run_error(capsys, ["generate", "--model", "nope", "--prompt", "x"])
     assert "temperature" in run_error(capsys, base + ["--temperature", "-1"])
     assert "top-p" in run_error(capsys, base + ["--top-p", "0"])
@@ -144,12 +144,12 @@ def bad(tmp_path_factory, tiny_llama, tiny_qwen3):
     return d
 
 
-GEN = ["generate", "--model", "tiny-llama", "--prompt", "hi", "--max-new-tokens", "2"]
-BENCH = ["bench", "--model", "tiny-llama", "--max-new-tokens", "2", "--repeats", "1"]
+GEN = ["generate", "--model", "tiny-llama", "--draft", "random", "--prompt", "hi", "--max-new-tokens", "2"]
+BENCH = ["bench", "--model", "tiny-llama", "--draft", "random", "--max-new-tokens", "2", "--repeats", "1"]
 DATA = ["make-data", "--model", "tiny-llama", "--num-samples", "2", "--heldout-samples", "1", "--out", "{d}/newdata"]
 TRAIN = ["train-mtp", "--model", "tiny-llama", "--data", "{d}/data", "--steps", "2", "--out", "{d}/m"]
 CMP = ["compare-losses", "--model", "tiny-llama", "--data", "{d}/data", "--steps", "2", "--out", "{d}/cmp"]
-ENT = ["analyze", "entropy", "--model", "tiny-llama", "--num-prompts", "1", "--out", "{d}/ent"]
+ENT = ["analyze", "entropy", "--model", "tiny-llama", "--draft", "random", "--num-prompts", "1", "--out", "{d}/ent"]
 SWEEP = [  # (arguments, what the one line must say)
     ([], "required: COMMAND"),
     (["fly"], "invalid choice"),
@@ -184,7 +184,7 @@ SWEEP = [  # (arguments, what the one line must say)
     (["generate", "--model", "tiny-llama"], "exactly one of --prompt"),
     (GEN + ["--prompts", "{d}/two.jsonl"], "exactly one of --prompt"),
     (["generate", "--model", "tiny-llama", "--prompt", "caf\udce9"], "--prompt is not valid UTF-8"),
-    (["generate", "--model", "tiny-llama", "--prompt", "x" * 5000], "exceeds the context"),
+    (["generate", "--model", "tiny-llama", "--draft", "random", "--prompt", "x" * 5000], "exceeds the context"),
     (["generate", "--model", "tiny-llama", "--prompts", "{d}/missing.jsonl"], "not found"),
     (["generate", "--model", "tiny-llama", "--prompts", "{d}/adir"], "is a directory"),
     (["generate", "--model", "tiny-llama", "--prompts", "{d}/badjson.jsonl"], "badjson.jsonl:2"),
@@ -341,7 +341,7 @@ def test_long_prompt_near_the_models_context(short_context_model, tmp_path, caps
     row = json.loads(out.read_text())
     assert len(row["tokens"]) == new and row["stop_reason"] == "length"
     capsys.readouterr()
-    err = run_error(capsys, ["generate", "--model", str(short_context_model), "--prompt", text + "a" * (K + 3),
+    err = run_error(capsys, ["generate", "--model", str(short_context_model), "--draft", "random", "--prompt", text + "a" * (K + 3),
                              "--max-new-tokens", str(new)])
     assert f"prompt of {256 - new + 1} tokens + --max-new-tokens {new} exceeds the context" in err
 

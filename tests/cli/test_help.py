@@ -63,3 +63,19 @@ def test_old_spellings_still_work_and_warn(capsys, argv, old, new, dest, value):
 def test_num_speculative_tokens_is_draft_len():
     args = build_parser().parse_args(["rl", "--out", "o", "--num-speculative-tokens", "3"])
     assert args.draft_len == 3
+
+
+def test_spec_without_a_trained_draft_says_how_to_train_one(capsys):
+    from bebop.cli import main
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "--model", "tiny-llama", "--prompt", "hi", "--max-new-tokens", "2"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bebop: error: no trained draft for 'tiny-llama'") and "\n" not in err
+    assert "bebop make-data" in err and "bebop train-mtp" in err and "--draft random" in err
+
+
+def test_plain_mode_needs_no_trained_draft(capsys):
+    from bebop.cli import main
+    main(["generate", "--model", "tiny-llama", "--prompt", "hi", "--max-new-tokens", "2", "--mode", "ar"])
+    assert capsys.readouterr().out.strip()

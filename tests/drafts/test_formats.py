@@ -92,13 +92,13 @@ def test_export_command(tmp_path, capsys):
         assert len(err) == 1 and err[0].startswith("bebop: error: ")
         return err[0]
 
-    main(["export", "--model", "tiny-llama", "--mtp", "random-eagle3", "--out", str(tmp_path / "e3")])
+    main(["export", "--model", "tiny-llama", "--draft", "random-eagle3", "--out", str(tmp_path / "e3")])
     assert "vLLM speculative_config" in capsys.readouterr().err
     main(["generate", "--model", "tiny-llama", "--mtp", str(tmp_path / "e3"), "--prompt", "Hi", "--max-new-tokens", "4",
           "--output", str(tmp_path / "out.jsonl")])
     assert json.loads((tmp_path / "out.jsonl").read_text())["tokens"]
     capsys.readouterr()
-    assert "vLLM and SGLang load EAGLE-3 drafts only" in error(["export", "--model", "tiny-llama", "--mtp", "random",
+    assert "vLLM and SGLang load EAGLE-3 drafts only" in error(["export", "--model", "tiny-llama", "--draft", "random",
                                                                 "--out", str(tmp_path / "no")])
     assert "no EAGLE-3 draft ships for 'tiny-llama'" in error(["export", "--model", "tiny-llama", "--out", str(tmp_path / "no")])
     assert "exists and is not empty" in error(["export", "--model", "tiny-llama", "--mtp", "random-eagle3",
