@@ -76,8 +76,8 @@ def add_model_args(p, draft=True, dtype=True, compile=True):
     if draft:
         p.add_argument("--draft", dest="mtp", default=None, help="the draft: an MTP checkpoint (NAME.safetensors + NAME.json), an EAGLE-3 "
                    "directory (config.json + *.safetensors, as SpecForge writes and `bebop export` writes), 'random' or "
-                   "'random-eagle3' (seeded fresh drafts); default: the committed one for smollm2-135m (its EAGLE-3 "
-                   "draft), else random")
+                   "'random-eagle3' (seeded fresh drafts); default: the model's shipped trained draft (smollm2-135m: "
+                   "EAGLE-3); a speculative mode on a model without one is refused")
     if dtype:
         p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="weights and activations for generating (generate, bench, make-data); auto: bfloat16 where a "
@@ -115,7 +115,8 @@ def add_rl_args(p):
     d = RLConfig()
     p.add_argument("--model", default=d.model, help="registry name or local Hugging Face model directory")
     p.add_argument("--draft", dest="mtp", default=d.mtp, help="the draft, as for generate: a checkpoint, an EAGLE-3 directory, 'random' or "
-                   "'random-eagle3'; default: the model's shipped draft (EAGLE-3 for smollm2-135m)")
+                   "'random-eagle3'; default: the model's shipped draft (EAGLE-3 for smollm2-135m), required with --mtp-strategy "
+                   "frozen on a model without one (online strategies train a random one)")
     p.add_argument("--task", default=d.task, help="RL task (arithmetic, code)")
     p.add_argument("--difficulty", default=d.difficulty, help="task difficulty level (default: the task's)")
     p.add_argument("--steps", type=int, default=d.steps, help="GRPO steps")
