@@ -144,7 +144,8 @@ def add_rl_args(p):
                         "default the model's shipped one; its log goes to OUT/vllm.log)")
     p.add_argument("--draft-len", "--num-speculative-tokens", type=draft_len_arg, default=d.draft_len,
                    help="draft tokens per step, or 'auto' (chosen every step by cost, up to --max-draft-len; "
-                        "--rollout-backend vllm needs a number: its num_speculative_tokens)")
+                        "with --rollout-backend vllm, which has no automatic K, auto is the draft's trained depth, else "
+                        "--max-draft-len)")
     p.add_argument("--max-draft-len", type=int, default=d.max_draft_len,
                    help="the largest K --draft-len auto may pick (and the depth an online MTP strategy trains)")
     p.add_argument("--ray", nargs="?", const="local", default=d.ray, metavar="ADDRESS",

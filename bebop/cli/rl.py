@@ -2,7 +2,7 @@
 
 import json
 import sys
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from bebop.backends.vllm import engine as vllm_engine
@@ -16,8 +16,17 @@ from bebop.studies.rl_report import write_report
 from bebop.tasks import rewards, rl_tasks
 
 
+def trained_depth(draft, fallback: int) -> int:
+    """The K a draft was trained for (train-mtp's --draft-len, in its checkpoint's provenance), else `fallback`."""
+    return int(draft.config.meta.get("draft_len") or fallback)
+
+
 def cmd_rl(args):
-    cfg = RLConfig(**{f.name: getattr(args, f.name) for f in fields(RLConfig)}).validate()
+    values = {f.name: getattr(args, f.name) for f in fields(RLConfig)}
+    vllm_auto_k = args.rollout_backend == "vllm" and args.rollout != "ar" and args.draft_len == "auto"
+    if vllm_auto_k:  # vLLM has no automatic K: the draft's trained depth, once the draft is known (below)
+        values["draft_len"] = args.max_draft_len
+    cfg = RLConfig(**values).validate()
     train = rl_tasks(cfg.task, cfg.steps * cfg.prompts_per_step, cfg.seed, "train", cfg.difficulty)
     heldout = rl_tasks(cfg.task, cfg.eval_prompts, cfg.seed, "heldout", cfg.difficulty)
     if cfg.rollout_backend == "vllm":  # what vLLM cannot run: one line before any model loads
@@ -36,6 +45,8 @@ def cmd_rl(args):
         if cfg.rollout_backend == "vllm" and mtp.arch != "eagle3":
             raise BebopError(f"--rollout-backend vllm: '{cfg.mtp}' is a DeepSeek-layout MTP; vLLM loads EAGLE-3 drafts "
                              "only (--draft an EAGLE-3 directory or checkpoint, or random-eagle3)")
+    if vllm_auto_k:
+        cfg = replace(cfg, draft_len=trained_depth(mtp, cfg.max_draft_len)).validate()
     rows = run_rl(cfg, args.out, policy, tok, train, heldout, mtp, score=rewards, resume=args.resume)
     evals = [json.loads(x) for x in (Path(args.out) / "eval.jsonl").read_text().splitlines()]
     for e in evals[:1] + evals[-1:]:
