@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bebop.cli.checks import (MAX_DRAFT_LEN, at_least, check_context, check_model_args, check_output_dir,
+from bebop.cli.checks import (MAX_DRAFT_LEN, at_least, check_context, check_draft_args, check_output_dir,
                               check_seed, check_text, number_list)
 from bebop.cli.loading import pick_mtp
 from bebop.errors import BebopError
@@ -19,7 +19,7 @@ def cmd_analyze_entropy(args):
     if args.draft_len > MAX_DRAFT_LEN:
         raise BebopError(f"--draft-len must be in 1..{MAX_DRAFT_LEN}, got {args.draft_len}")
     check_seed(args)
-    check_model_args(args)
+    check_draft_args(args)
     for path in args.policy:  # a registry name or a model directory, like --model
         check_text(path, "--policy")
         check_model(path)

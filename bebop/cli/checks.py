@@ -84,7 +84,7 @@ def check_output_dir(path, flag):
 
 
 
-def check_mtp_file(spec, flag="--mtp"):
+def check_mtp_file(spec, flag="--draft"):
     """A given MTP checkpoint or EAGLE-3 directory must exist, whatever the mode ('random' is a name, not a
     file)."""
     if spec is None or spec in RANDOM_DRAFTS:
@@ -104,7 +104,17 @@ def check_mtp_file(spec, flag="--mtp"):
 def check_model_args(args):
     check_text(args.model, "--model")
     check_model(args.model)
+
+
+def check_draft_args(args):
+    """--model and --draft, for the commands that use a draft."""
+    check_model_args(args)
     check_mtp_file(args.mtp)
+
+
+def check_draft_len(args):
+    if args.draft_len != "auto" and not 0 <= args.draft_len <= MAX_DRAFT_LEN:
+        raise BebopError(f"--draft-len must be 'auto' or in 0..{MAX_DRAFT_LEN}, got {args.draft_len}")
 
 
 
@@ -118,8 +128,6 @@ def check_context(model, prompts, max_new_tokens):
 
 
 def sampling_params(args):
-    if args.draft_len != "auto" and not 0 <= args.draft_len <= MAX_DRAFT_LEN:
-        raise BebopError(f"--draft-len must be 'auto' or in 0..{MAX_DRAFT_LEN}, got {args.draft_len}")
     if not 0 <= getattr(args, "max_draft_len", 0) <= MAX_DRAFT_LEN:
         raise BebopError(f"--max-draft-len must be in 0..{MAX_DRAFT_LEN}, got {args.max_draft_len}")
     if getattr(args, "max_batch", None) is not None and args.max_batch < 1:

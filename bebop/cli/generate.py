@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 from bebop.backends.vllm import engine as vllm_engine
-from bebop.cli.checks import (at_least, check_context, check_model_args, check_output_dir, check_output_file,
+from bebop.cli.checks import (at_least, check_context, check_draft_args, check_draft_len, check_output_dir, check_output_file,
                               check_text, number_list, sampling_params)
 from bebop.cli.loading import load, pick_mtp
 from bebop.drafts.eagle3 import Eagle3
@@ -23,10 +23,11 @@ from bebop.tasks import default_prompts, load_prompts_file
 
 def cmd_generate(args):
     params = sampling_params(args)
+    check_draft_len(args)
     if (args.prompt is None) == (args.prompts is None):
         raise BebopError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
     at_least(args, 1, "num_samples")
-    check_model_args(args)
+    check_draft_args(args)
     if args.prompt is not None:
         check_text(args.prompt, "--prompt")
     if args.output is not None:
@@ -61,9 +62,9 @@ def start_vllm(args, model, mtp, modes: list[str], tmp: Path) -> dict:
     if not modes:
         return {}
     if not vllm_engine.installed():
-        raise BebopError("the vllm modes need vLLM: pip install 'bebop[vllm]'")
+        raise BebopError("the vllm modes need vLLM: pip install 'bebop-rl[vllm]'")
     if "vllm-spec" in modes and mtp.arch != "eagle3":
-        raise BebopError("vllm-spec needs an EAGLE-3 draft (--mtp DIR, an EAGLE-3 checkpoint, or random-eagle3): "
+        raise BebopError("vllm-spec needs an EAGLE-3 draft (--draft DIR, an EAGLE-3 checkpoint, or random-eagle3): "
                          "the DeepSeek MTP layout loads in bebop's engine only")
     model_dir, dtype = hf_dir(args.model), str(model.embed.weight.dtype).removeprefix("torch.")
     draft = export_eagle3(mtp, tmp / "eagle3") if "vllm-spec" in modes else None
@@ -83,6 +84,7 @@ def start_vllm(args, model, mtp, modes: list[str], tmp: Path) -> dict:
 
 def cmd_bench(args):
     params = sampling_params(args)
+    check_draft_len(args)
     batch_sizes = number_list(args.batch_sizes)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     known = (*ENGINE_MODES, *(m + COMPILED for m in ENGINE_MODES), "hf", "vllm", "vllm-spec")
@@ -90,9 +92,9 @@ def cmd_bench(args):
     if bad or not modes:
         raise BebopError(f"unknown mode(s) {bad or modes}: choose from {', '.join(known)}")
     at_least(args, 1, "repeats")
-    check_model_args(args)
-    if args.json is not None:
-        check_output_file(args.json, "--json")
+    check_draft_args(args)
+    if args.output is not None:
+        check_output_file(args.output, "--output")
     texts = load_prompts_file(args.prompts) if args.prompts else default_prompts(max(batch_sizes) * args.repeats)
     model, tok, mtp = load(args, need_mtp=any("spec" in m for m in modes))
     prompts = [chat_ids(tok, t) for t in texts]
@@ -111,15 +113,17 @@ def cmd_bench(args):
     print(f"{args.model}, --dtype {args.dtype}: " + ", ".join(f"{k} {v}" for k, v in env.items())
           + (", fixed length (--ignore-eos)" if args.ignore_eos else ", requests stop at EOS"))
     print(format_table(results))
-    if args.json is not None:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    if args.output is not None:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         mtp_name = None if mtp is None else (args.mtp or mtp.config.meta.get("name", "random"))
-        Path(args.json).write_text(json.dumps({"model": args.model, "mtp": mtp_name, **env, "dtype_requested": args.dtype,
+        Path(args.output).write_text(json.dumps({"model": args.model, "mtp": mtp_name, **env, "dtype_requested": args.dtype,
                                                "ignore_eos": args.ignore_eos, "results": results}, indent=1))
 
 
 def cmd_export(args):
-    check_model_args(args)
+    if args.format != "eagle3":  # the only layout so far; --format names it for when there are more
+        raise BebopError(f"--format must be eagle3, got {args.format}")
+    check_draft_args(args)
     check_output_dir(args.out, "--out")
     if Path(args.out).is_dir() and any(Path(args.out).iterdir()):
         raise BebopError(f"--out {args.out}: exists and is not empty; choose another directory")
@@ -129,7 +133,7 @@ def cmd_export(args):
     else:
         draft = shipped_draft(model, Eagle3.arch)
         if draft is None:
-            raise BebopError(f"no EAGLE-3 draft ships for '{args.model}': pass --mtp (a checkpoint trained with "
+            raise BebopError(f"no EAGLE-3 draft ships for '{args.model}': pass --draft (a checkpoint trained with "
                              f"`bebop train-mtp --arch eagle3`, or an EAGLE-3 directory)")
     out = export_eagle3(draft, args.out)
     print(f"wrote {out}/config.json, {out}/model.safetensors (EAGLE-3: vLLM speculative_config "
@@ -141,23 +145,21 @@ def cmd_check_exactness(args):
     params = sampling_params(args)
     if args.mode not in ENGINE_MODES or args.mode == "ar":
         raise BebopError(f"--mode must be spec or spec-greedy, got {args.mode}")
-    if args.draft_len == "auto":
-        raise BebopError("--draft-len: give a number (the test fixes K so that drafts are made every step)")
-    at_least(args, 1, "draft_len", "tokens")
-    at_least(args, 100, "samples")
-    check_model_args(args)
+    at_least(args, 1, "draft_len", "max_new_tokens")
+    at_least(args, 100, "num_samples")
+    check_draft_args(args)
     model, tok, draft = load(args)
     prompt = chat_ids(tok, args.prompt)
-    check_context(model, [prompt], args.tokens + args.draft_len + 2)
-    result = check_exactness(model, draft, prompt, params, mode=args.mode, samples=args.samples, tokens=args.tokens,
+    check_context(model, [prompt], args.max_new_tokens + args.draft_len + 2)
+    result = check_exactness(model, draft, prompt, params, mode=args.mode, samples=args.num_samples, tokens=args.max_new_tokens,
                              draft_len=args.draft_len, seed=args.seed, alpha=args.alpha)
     for t in result["tests"]:
         print(f"{t['test']:<40} p = {t['p_value']:.4f}")
     verdict = "consistent with exact sampling" if result["passed"] else "NOT exact: a test rejected at"
-    print(f"{args.mode}, K = {args.draft_len}, T = {args.temperature:g}, {args.samples} samples, acceptance "
+    print(f"{args.mode}, K = {args.draft_len}, T = {args.temperature:g}, {args.num_samples} samples, acceptance "
           f"{result['acceptance_rate']:.3f}: {verdict} (family alpha {args.alpha:g}, each test at "
           f"{result['threshold']:.2g})")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.output:
+        Path(args.output).write_text(json.dumps(result, indent=1))
     if not result["passed"]:
         sys.exit(1)

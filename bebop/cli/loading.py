@@ -1,22 +1,35 @@
-"""The model and draft a command names (--model, --mtp), loaded."""
+"""The model and draft a command names (--model, --draft), loaded."""
 
-from bebop.drafts.registry import default_draft, load_draft, new_draft
+from bebop.drafts.registry import load_draft, new_draft, shipped_draft
+from bebop.errors import BebopError
 from bebop.models.registry import load_model
 
 
-def pick_mtp(spec: str | None, model):
-    """--mtp: a checkpoint path or EAGLE-3 directory, 'random' / 'random-eagle3' (seeded fresh drafts), or None
-    (the model's default)."""
+def no_trained_draft(name: str) -> str:
+    """The error for a speculative run on a model that ships no trained draft: how to train one."""
+    return (f"no trained draft for '{name}': train one with `bebop make-data --model {name} --out runs/data` then "
+            f"`bebop train-mtp --model {name} --data runs/data --out runs/draft` and pass --draft runs/draft "
+            f"(or --draft random for an untrained, seeded random draft)")
+
+
+def pick_mtp(spec: str | None, model, need_trained=True):
+    """--draft: a checkpoint path or EAGLE-3 directory, 'random' / 'random-eagle3' (seeded fresh drafts), or None:
+    the model's shipped trained draft. Without one, None is refused when `need_trained` (a random draft would
+    silently slow speculative decoding down), else a seeded random draft (one that an online strategy trains)."""
     if spec == "random":
         return new_draft(model, "mtp")
     if spec == "random-eagle3":
         return new_draft(model, "eagle3")
-    return load_draft(spec, model) if spec else default_draft(model)
-
+    if spec:
+        return load_draft(spec, model)
+    draft = shipped_draft(model, "eagle3") or shipped_draft(model)
+    if draft is None and need_trained:
+        raise BebopError(no_trained_draft(getattr(model, "name", "this model")))
+    return draft or new_draft(model, "mtp")
 
 
 def load(args, need_mtp=True):
-    """(model, tokenizer, mtp) from --model / --mtp."""
+    """(model, tokenizer, mtp) from --model / --draft."""
     model, tok = load_model(args.model, dtype=getattr(args, "dtype", "float32"), compile=args.compile)
     mtp = None
     if need_mtp:

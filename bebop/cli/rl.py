@@ -2,7 +2,7 @@
 
 import json
 import sys
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from bebop.backends.vllm import engine as vllm_engine
@@ -16,26 +16,37 @@ from bebop.studies.rl_report import write_report
 from bebop.tasks import rewards, rl_tasks
 
 
+def trained_depth(draft, fallback: int) -> int:
+    """The K a draft was trained for (train-mtp's --draft-len, in its checkpoint's provenance), else `fallback`."""
+    return int(draft.config.meta.get("draft_len") or fallback)
+
+
 def cmd_rl(args):
-    cfg = RLConfig(**{f.name: getattr(args, f.name) for f in fields(RLConfig)}).validate()
+    values = {f.name: getattr(args, f.name) for f in fields(RLConfig)}
+    vllm_auto_k = args.rollout_backend == "vllm" and args.rollout != "ar" and args.draft_len == "auto"
+    if vllm_auto_k:  # vLLM has no automatic K: the draft's trained depth, once the draft is known (below)
+        values["draft_len"] = args.max_draft_len
+    cfg = RLConfig(**values).validate()
     train = rl_tasks(cfg.task, cfg.steps * cfg.prompts_per_step, cfg.seed, "train", cfg.difficulty)
     heldout = rl_tasks(cfg.task, cfg.eval_prompts, cfg.seed, "heldout", cfg.difficulty)
     if cfg.rollout_backend == "vllm":  # what vLLM cannot run: one line before any model loads
         if not vllm_engine.installed():
-            raise BebopError("--rollout-backend vllm needs vLLM: pip install 'bebop[vllm]'")
+            raise BebopError("--rollout-backend vllm needs vLLM: pip install 'bebop-rl[vllm]'")
         hf_dir(cfg.model)
     policy, tok = load_model(cfg.model)  # fp32 master weights; rollouts use their own --rollout-dtype copy
     mtp = None
     if cfg.rollout != "ar" and cfg.rollout_backend == "vllm" and cfg.mtp is None:
         mtp = shipped_draft(policy, "eagle3")  # vLLM loads EAGLE-3 drafts: the model's shipped one
         if mtp is None:
-            raise BebopError(f"--rollout-backend vllm with --rollout {cfg.rollout} needs an EAGLE-3 draft (--mtp DIR "
+            raise BebopError(f"--rollout-backend vllm with --rollout {cfg.rollout} needs an EAGLE-3 draft (--draft DIR "
                              f"or random-eagle3): '{cfg.model}' ships none")
     elif cfg.rollout != "ar":
-        mtp = pick_mtp(cfg.mtp, policy)
+        mtp = pick_mtp(cfg.mtp, policy, need_trained=cfg.mtp_strategy == "frozen")  # online strategies train it
         if cfg.rollout_backend == "vllm" and mtp.arch != "eagle3":
             raise BebopError(f"--rollout-backend vllm: '{cfg.mtp}' is a DeepSeek-layout MTP; vLLM loads EAGLE-3 drafts "
-                             "only (--mtp an EAGLE-3 directory or checkpoint, or random-eagle3)")
+                             "only (--draft an EAGLE-3 directory or checkpoint, or random-eagle3)")
+    if vllm_auto_k:
+        cfg = replace(cfg, draft_len=trained_depth(mtp, cfg.max_draft_len)).validate()
     rows = run_rl(cfg, args.out, policy, tok, train, heldout, mtp, score=rewards, resume=args.resume)
     evals = [json.loads(x) for x in (Path(args.out) / "eval.jsonl").read_text().splitlines()]
     for e in evals[:1] + evals[-1:]:

@@ -45,8 +45,8 @@ def train_config(args):
     at_least(args, 0, "draft_vocab", "eval_prompts")
     if args.draft_len > MAX_DRAFT_LEN:
         raise BebopError(f"--draft-len must be in 1..{MAX_DRAFT_LEN}, got {args.draft_len}")
-    if not (args.lr > 0 and math.isfinite(args.lr)):
-        raise BebopError(f"--lr must be a finite number > 0, got {args.lr}")
+    if not (args.learning_rate > 0 and math.isfinite(args.learning_rate)):
+        raise BebopError(f"--learning-rate must be a finite number > 0, got {args.learning_rate}")
     check_seed(args)
     check_model_args(args)
     check_text(args.data, "--data")
@@ -54,7 +54,7 @@ def train_config(args):
     load_split(args.data, "train")
     load_split(args.data, "heldout")
     return TrainConfig(loss=args.loss, draft_len=args.draft_len, steps=args.steps, batch_size=args.batch_size,
-                       lr=args.lr, draft_vocab=args.draft_vocab, eval_every=args.eval_every,
+                       lr=args.learning_rate, draft_vocab=args.draft_vocab, eval_every=args.eval_every,
                        save_every=args.save_every, eval_prompts=args.eval_prompts, seed=args.seed,
                        max_seq_len=args.max_seq_len, eval_sequences=args.eval_sequences, arch=args.arch,
                        mtp_layers=args.mtp_layers,
@@ -89,9 +89,9 @@ def cmd_compare_losses(args):
     args.loss = names[0]
     cfg = train_config(args)
     temperatures = number_list(args.temperatures, float, 0)
-    at_least(args, 1, "eval_samples", "eval_new_tokens")
+    at_least(args, 1, "final_eval_prompts", "max_new_tokens")
     check_output_dir(args.out, "--out")
     model, _ = load_model(args.model, compile=args.compile)
     compare_losses(model, args.data, names, cfg, args.out, temperatures=temperatures,
-                   eval_prompts=args.eval_samples, eval_new_tokens=args.eval_new_tokens, seed=args.seed)
+                   eval_prompts=args.final_eval_prompts, eval_new_tokens=args.max_new_tokens, seed=args.seed)
     print((Path(args.out) / "compare.md").read_text())

@@ -26,7 +26,7 @@ def test_generate_writes_jsonl(tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "hello"}\n\n{"prompt": "2+2?"}\n')
     out = tmp_path / "out.jsonl"
-    main(["generate", "--model", "tiny-llama", "--prompts", str(prompts), "--num-samples", "2", "--max-new-tokens",
+    main(["generate", "--model", "tiny-llama", "--draft", "random", "--prompts", str(prompts), "--num-samples", "2", "--max-new-tokens",
           "5", "--temperature", "0.8", "--mode", "spec", "--draft-len", "2", "--seed", "3", "--output", str(out)])
     lines = sorted((json.loads(x) for x in out.read_text().splitlines()), key=lambda x: x["index"])  # finish order
     assert [x["index"] for x in lines] == [0, 1, 2, 3] and [x["prompt_index"] for x in lines] == [0, 0, 1, 1]
@@ -42,7 +42,7 @@ def test_generate_auto_draft_len_through_a_small_batch(tmp_path, capsys, monkeyp
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "hello"}\n{"prompt": "2+2?"}\n')
     out = tmp_path / "out.jsonl"
-    main(["generate", "--model", "tiny-llama", "--prompts", str(prompts), "--num-samples", "3", "--max-new-tokens",
+    main(["generate", "--model", "tiny-llama", "--draft", "random", "--prompts", str(prompts), "--num-samples", "3", "--max-new-tokens",
           "8", "--mode", "spec", "--max-batch", "2", "--max-draft-len", "2", "--output", str(out)])
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["prompt_index"] for x in lines] == [0, 0, 0, 1, 1, 1]  # request order, though rows finish in any
@@ -54,8 +54,8 @@ def test_generate_auto_draft_len_through_a_small_batch(tmp_path, capsys, monkeyp
 
 def test_bench_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    main(["bench", "--model", "tiny-qwen3", "--batch-sizes", "1,2", "--modes", "ar,spec,spec-greedy,hf",
-          "--draft-len", "2", "--max-new-tokens", "6", "--repeats", "1", "--dtype", "bfloat16", "--json", str(out)])
+    main(["bench", "--model", "tiny-qwen3", "--draft", "random", "--batch-sizes", "1,2", "--modes", "ar,spec,spec-greedy,hf",
+          "--draft-len", "2", "--max-new-tokens", "6", "--repeats", "1", "--dtype", "bfloat16", "--output", str(out)])
     report = json.loads(out.read_text())
     assert report["model"] == "tiny-qwen3" and report["dtype"] == "bfloat16" and report["cpu"]
     assert report["ignore_eos"] is False and report["dtype_requested"] == "bfloat16"
@@ -72,7 +72,7 @@ def test_bench_json(tmp_path, capsys):
 
 
 def test_bad_input_is_one_clear_line(tmp_path, capsys):
-    base = ["generate", "--model", "tiny-llama", "--prompt", "hi", "--max-new-tokens", "2"]
+    base = ["generate", "--model", "tiny-llama", "--draft", "random", "--prompt", "hi", "--max-new-tokens", "2"]
     assert "unknown model 'nope'" in run_error(capsys, ["generate", "--model", "nope", "--prompt", "x"])
     assert "temperature" in run_error(capsys, base + ["--temperature", "-1"])
     assert "top-p" in run_error(capsys, base + ["--top-p", "0"])
@@ -86,7 +86,7 @@ def test_bad_input_is_one_clear_line(tmp_path, capsys):
     assert "bad.jsonl:2" in run_error(capsys, ["generate", "--model", "tiny-llama", "--prompts", str(bad)])
     other, _ = load_model("tiny-qwen3")
     new_mtp(other).save(tmp_path / "qwen-mtp")
-    assert "does not fit" in run_error(capsys, base + ["--mtp", str(tmp_path / "qwen-mtp")])
+    assert "does not fit" in run_error(capsys, base + ["--draft", str(tmp_path / "qwen-mtp")])
     assert "values >= 1" in run_error(capsys, ["bench", "--model", "tiny-llama", "--batch-sizes", "0"])
     assert "unknown mode" in run_error(capsys, ["bench", "--model", "tiny-llama", "--modes", "ar,fast"])
     assert "no meta.json" in run_error(capsys, ["train-mtp", "--model", "tiny-llama", "--data", str(tmp_path),
@@ -144,14 +144,14 @@ def bad(tmp_path_factory, tiny_llama, tiny_qwen3):
     return d
 
 
-GEN = ["generate", "--model", "tiny-llama", "--prompt", "hi", "--max-new-tokens", "2"]
-BENCH = ["bench", "--model", "tiny-llama", "--max-new-tokens", "2", "--repeats", "1"]
+GEN = ["generate", "--model", "tiny-llama", "--draft", "random", "--prompt", "hi", "--max-new-tokens", "2"]
+BENCH = ["bench", "--model", "tiny-llama", "--draft", "random", "--max-new-tokens", "2", "--repeats", "1"]
 DATA = ["make-data", "--model", "tiny-llama", "--num-samples", "2", "--heldout-samples", "1", "--out", "{d}/newdata"]
 TRAIN = ["train-mtp", "--model", "tiny-llama", "--data", "{d}/data", "--steps", "2", "--out", "{d}/m"]
 CMP = ["compare-losses", "--model", "tiny-llama", "--data", "{d}/data", "--steps", "2", "--out", "{d}/cmp"]
-ENT = ["analyze", "entropy", "--model", "tiny-llama", "--num-prompts", "1", "--out", "{d}/ent"]
+ENT = ["analyze", "entropy", "--model", "tiny-llama", "--draft", "random", "--num-prompts", "1", "--out", "{d}/ent"]
 SWEEP = [  # (arguments, what the one line must say)
-    ([], "required: command"),
+    ([], "required: COMMAND"),
     (["fly"], "invalid choice"),
     (["analyze"], "required: study"),
     (GEN + ["--frobnicate"], "unrecognized arguments"),
@@ -184,7 +184,7 @@ SWEEP = [  # (arguments, what the one line must say)
     (["generate", "--model", "tiny-llama"], "exactly one of --prompt"),
     (GEN + ["--prompts", "{d}/two.jsonl"], "exactly one of --prompt"),
     (["generate", "--model", "tiny-llama", "--prompt", "caf\udce9"], "--prompt is not valid UTF-8"),
-    (["generate", "--model", "tiny-llama", "--prompt", "x" * 5000], "exceeds the context"),
+    (["generate", "--model", "tiny-llama", "--draft", "random", "--prompt", "x" * 5000], "exceeds the context"),
     (["generate", "--model", "tiny-llama", "--prompts", "{d}/missing.jsonl"], "not found"),
     (["generate", "--model", "tiny-llama", "--prompts", "{d}/adir"], "is a directory"),
     (["generate", "--model", "tiny-llama", "--prompts", "{d}/badjson.jsonl"], "badjson.jsonl:2"),
@@ -194,24 +194,24 @@ SWEEP = [  # (arguments, what the one line must say)
     (GEN + ["--output", ""], "is a directory"),
     (GEN + ["--output", "{d}/afile/out.jsonl"], "is a file, not a directory"),
     (GEN + ["--output", "{d}/afile/deeper/out.jsonl"], "is a file, not a directory"),
-    (GEN + ["--mtp", "{d}/missing"], "no MTP checkpoint there"),
-    (GEN + ["--mode", "ar", "--mtp", "{d}/missing"], "no MTP checkpoint there"),
-    (GEN + ["--mtp", "{d}/qwen-mtp"], "does not fit"),
-    (GEN + ["--mtp", "{d}/torn"], "come from different saves"),
-    (GEN + ["--mtp", "{d}/afile"], "no MTP checkpoint there"),
+    (GEN + ["--draft", "{d}/missing"], "no MTP checkpoint there"),
+    (GEN + ["--mode", "ar", "--draft", "{d}/missing"], "no MTP checkpoint there"),
+    (GEN + ["--draft", "{d}/qwen-mtp"], "does not fit"),
+    (GEN + ["--draft", "{d}/torn"], "come from different saves"),
+    (GEN + ["--draft", "{d}/afile"], "no MTP checkpoint there"),
     (BENCH + ["--batch-sizes", "0"], "values >= 1"),
     (BENCH + ["--batch-sizes", "a,b"], "comma-separated int"),
     (BENCH + ["--batch-sizes", ","], "values >= 1"),
     (BENCH + ["--modes", "ar,fast"], "unknown mode"),
     (BENCH + ["--modes", ","], "unknown mode"),
     (BENCH + ["--repeats", "0"], "--repeats must be >= 1"),
-    (BENCH + ["--json", "{d}/adir"], "is a directory"),
-    (BENCH + ["--json", ""], "is a directory"),
-    (BENCH + ["--json", "{d}/afile/bench.json"], "is a file, not a directory"),
+    (BENCH + ["--output", "{d}/adir"], "is a directory"),
+    (BENCH + ["--output", ""], "is a directory"),
+    (BENCH + ["--output", "{d}/afile/bench.json"], "is a file, not a directory"),
     (BENCH + ["--seed", str(2**64)], "--seed"),
     (BENCH + ["--prompts", "{d}/missing.jsonl"], "not found"),
-    (BENCH + ["--mode", "ar"], "ambiguous option: --mode"),
-    (BENCH + ["--modes", "ar", "--mtp", "{d}/missing"], "no MTP checkpoint there"),
+    (BENCH + ["--mode", "ar"], "unrecognized arguments: --mode"),  # no abbreviations: bench takes --modes
+    (BENCH + ["--modes", "ar", "--draft", "{d}/missing"], "no MTP checkpoint there"),
     (DATA + ["--num-samples", "0"], "--num-samples must be >= 1"),
     (DATA + ["--heldout-samples", "0"], "--heldout-samples must be >= 1"),
     (DATA + ["--batch-size", "0"], "--batch-size must be >= 1"),
@@ -244,9 +244,9 @@ SWEEP = [  # (arguments, what the one line must say)
     (TRAIN + ["--draft-len", "65"], "--draft-len must be in 1..64"),
     (TRAIN + ["--draft-vocab", "-5"], "--draft-vocab must be >= 0"),
     (TRAIN + ["--eval-prompts", "-1"], "--eval-prompts must be >= 0"),
-    (TRAIN + ["--lr", "0"], "--lr must be"),
-    (TRAIN + ["--lr", "nan"], "--lr must be"),
-    (TRAIN + ["--lr", "inf"], "--lr must be"),
+    (TRAIN + ["--learning-rate", "0"], "--learning-rate must be"),
+    (TRAIN + ["--learning-rate", "nan"], "--learning-rate must be"),
+    (TRAIN + ["--learning-rate", "inf"], "--learning-rate must be"),
     (TRAIN + ["--seed", "-3"], "--seed"),
     (TRAIN + ["--loss", "mse"], "unknown loss 'mse'"),
     (TRAIN + ["--data", "{d}/adir"], "no meta.json"),
@@ -256,7 +256,7 @@ SWEEP = [  # (arguments, what the one line must say)
     (TRAIN + ["--data", "{d}/data_strings"], "train.jsonl:1: not a make-data record"),
     (TRAIN + ["--data", "{d}/data_beyond_vocab"], "token ids beyond the vocabulary"),
     (TRAIN + ["--init", "{d}/missing"], "--init"),
-    (TRAIN + ["--mtp", "{d}/missing"], "no MTP checkpoint there"),
+    (TRAIN + ["--draft", "{d}/missing"], "unrecognized arguments: --draft"),  # train-mtp trains a draft; it reads none
     (TRAIN + ["--out", "{d}/adir"], "is a directory; --out is a path prefix"),
     (TRAIN + ["--out", "{d}/afile/m"], "is a file, not a directory"),
     (TRAIN + ["--resume"], "nothing to resume"),
@@ -265,8 +265,8 @@ SWEEP = [  # (arguments, what the one line must say)
     (["train-mtp", "--model", "tiny-llama", "--out", "{d}/m"], "required: --data"),
     (CMP + ["--losses", "ce,foo"], "unknown loss(es) ['foo']"),
     (CMP + ["--losses", ","], "unknown loss(es)"),
-    (CMP + ["--eval-samples", "0"], "--eval-samples must be >= 1"),
-    (CMP + ["--eval-new-tokens", "0"], "--eval-new-tokens must be >= 1"),
+    (CMP + ["--final-eval-prompts", "0"], "--final-eval-prompts must be >= 1"),
+    (CMP + ["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     (CMP + ["--temperatures", "0.5,x"], "comma-separated float"),
     (CMP + ["--temperatures", "-1"], "values >= 0"),
     (CMP + ["--temperatures", "nan"], "finite"),
@@ -281,24 +281,24 @@ SWEEP = [  # (arguments, what the one line must say)
     (ENT + ["--policy", "{d}/missing"], "unknown model"),
     (ENT + ["--policy", "{d}/broken_config"], "config.json is unreadable"),
     (ENT + ["--out", "{d}/afile"], "exists and is not a directory"),
-    (ENT + ["--mtp", "{d}/missing"], "no MTP checkpoint there"),
+    (ENT + ["--draft", "{d}/missing"], "no MTP checkpoint there"),
     (ENT + ["--prompts", "{d}/badjson.jsonl"], "badjson.jsonl:2"),
     (ENT + ["--max-new-tokens", "5000"], "exceeds the context"),
     (TRAIN + ["--arch", "eagle3", "--mtp-layers", "2"], "--mtp-layers must be 1"),
     (TRAIN + ["--arch", "eagle3", "--feature-layers", "0,1"], "reads 3 target layers"),
     (TRAIN + ["--arch", "medusa"], "invalid choice"),
     (["export", "--model", "tiny-llama", "--out", "{d}/e"], "no EAGLE-3 draft ships"),
-    (["export", "--model", "tiny-llama", "--mtp", "random", "--out", "{d}/e"], "DeepSeek-layout MTP"),
-    (["export", "--model", "tiny-llama", "--mtp", "{d}/missing", "--out", "{d}/e"], "no MTP checkpoint there"),
-    (["export", "--model", "tiny-llama", "--mtp", "{d}/adir", "--out", "{d}/e"], "not an EAGLE-3 directory"),
-    (["export", "--model", "tiny-llama", "--mtp", "random-eagle3", "--out", "{d}/afile"], "exists and is not a dir"),
-    (["export", "--model", "tiny-llama", "--mtp", "random-eagle3", "--format", "gguf", "--out", "{d}/e"],
+    (["export", "--model", "tiny-llama", "--draft", "random", "--out", "{d}/e"], "DeepSeek-layout MTP"),
+    (["export", "--model", "tiny-llama", "--draft", "{d}/missing", "--out", "{d}/e"], "no MTP checkpoint there"),
+    (["export", "--model", "tiny-llama", "--draft", "{d}/adir", "--out", "{d}/e"], "not an EAGLE-3 directory"),
+    (["export", "--model", "tiny-llama", "--draft", "random-eagle3", "--out", "{d}/afile"], "exists and is not a dir"),
+    (["export", "--model", "tiny-llama", "--draft", "random-eagle3", "--format", "gguf", "--out", "{d}/e"],
      "invalid choice"),
     (["check-exactness", "--model", "tiny-llama", "--mode", "ar"], "--mode must be spec or spec-greedy"),
-    (["check-exactness", "--model", "tiny-llama", "--draft-len", "auto"], "give a number"),
-    (["check-exactness", "--model", "tiny-llama", "--samples", "10"], "--samples must be >= 100"),
-    (["check-exactness", "--model", "tiny-llama", "--tokens", "0"], "--tokens must be >= 1"),
-    (["check-exactness", "--model", "tiny-llama", "--mtp", "{d}/missing"], "no MTP checkpoint there"),
+    (["check-exactness", "--model", "tiny-llama", "--draft-len", "auto"], "invalid int value: 'auto'"),
+    (["check-exactness", "--model", "tiny-llama", "--num-samples", "10"], "--num-samples must be >= 100"),
+    (["check-exactness", "--model", "tiny-llama", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["check-exactness", "--model", "tiny-llama", "--draft", "{d}/missing"], "no MTP checkpoint there"),
 ]
 
 
@@ -337,11 +337,11 @@ def test_long_prompt_near_the_models_context(short_context_model, tmp_path, caps
     text = "a" * (256 - overhead - new - (K + 2))  # today's engine reserves K + 2 cache slots past the request
     out = tmp_path / "out.jsonl"
     main(["generate", "--model", str(short_context_model), "--prompt", text, "--max-new-tokens", str(new),
-          "--temperature", "0", "--mode", "spec", "--mtp", "random", "--draft-len", str(K), "--output", str(out)])
+          "--temperature", "0", "--mode", "spec", "--draft", "random", "--draft-len", str(K), "--output", str(out)])
     row = json.loads(out.read_text())
     assert len(row["tokens"]) == new and row["stop_reason"] == "length"
     capsys.readouterr()
-    err = run_error(capsys, ["generate", "--model", str(short_context_model), "--prompt", text + "a" * (K + 3),
+    err = run_error(capsys, ["generate", "--model", str(short_context_model), "--draft", "random", "--prompt", text + "a" * (K + 3),
                              "--max-new-tokens", str(new)])
     assert f"prompt of {256 - new + 1} tokens + --max-new-tokens {new} exceeds the context" in err
 
@@ -414,10 +414,10 @@ def test_bench_vllm_modes_refuse_what_vllm_cannot_run_before_starting_it(capsys,
     monkeypatch.setattr(vllm.VllmEngine, "__init__", lambda *a, **k: pytest.fail("no engine may start"))
     monkeypatch.setattr(vllm, "installed", lambda: True)
     bench = ["bench", "--model", "tiny-llama", "--batch-sizes", "1", "--repeats", "1", "--max-new-tokens", "2"]
-    assert "vllm-spec needs an EAGLE-3 draft" in run_error(capsys, [*bench, "--modes", "vllm-spec", "--mtp", "random"])
-    assert "exists only in memory" in run_error(capsys, [*bench, "--modes", "ar,vllm-spec", "--mtp", "random-eagle3"])
+    assert "vllm-spec needs an EAGLE-3 draft" in run_error(capsys, [*bench, "--modes", "vllm-spec", "--draft", "random"])
+    assert "exists only in memory" in run_error(capsys, [*bench, "--modes", "ar,vllm-spec", "--draft", "random-eagle3"])
     monkeypatch.setattr(vllm, "installed", lambda: False)
-    assert "pip install 'bebop[vllm]'" in run_error(capsys, [*bench, "--modes", "vllm"])
+    assert "pip install 'bebop-rl[vllm]'" in run_error(capsys, [*bench, "--modes", "vllm"])
 
 
 def test_compile_flag_reaches_the_model_loader(tmp_path, capsys, monkeypatch):

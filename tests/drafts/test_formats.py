@@ -92,23 +92,23 @@ def test_export_command(tmp_path, capsys):
         assert len(err) == 1 and err[0].startswith("bebop: error: ")
         return err[0]
 
-    main(["export", "--model", "tiny-llama", "--mtp", "random-eagle3", "--out", str(tmp_path / "e3")])
+    main(["export", "--model", "tiny-llama", "--draft", "random-eagle3", "--out", str(tmp_path / "e3")])
     assert "vLLM speculative_config" in capsys.readouterr().err
-    main(["generate", "--model", "tiny-llama", "--mtp", str(tmp_path / "e3"), "--prompt", "Hi", "--max-new-tokens", "4",
+    main(["generate", "--model", "tiny-llama", "--draft", str(tmp_path / "e3"), "--prompt", "Hi", "--max-new-tokens", "4",
           "--output", str(tmp_path / "out.jsonl")])
     assert json.loads((tmp_path / "out.jsonl").read_text())["tokens"]
     capsys.readouterr()
-    assert "vLLM and SGLang load EAGLE-3 drafts only" in error(["export", "--model", "tiny-llama", "--mtp", "random",
+    assert "vLLM and SGLang load EAGLE-3 drafts only" in error(["export", "--model", "tiny-llama", "--draft", "random",
                                                                 "--out", str(tmp_path / "no")])
     assert "no EAGLE-3 draft ships for 'tiny-llama'" in error(["export", "--model", "tiny-llama", "--out", str(tmp_path / "no")])
-    assert "exists and is not empty" in error(["export", "--model", "tiny-llama", "--mtp", "random-eagle3",
+    assert "exists and is not empty" in error(["export", "--model", "tiny-llama", "--draft", "random-eagle3",
                                                "--out", str(tmp_path / "e3")])
     (tmp_path / "empty").mkdir()
-    assert "not an EAGLE-3 directory" in error(["generate", "--model", "tiny-llama", "--mtp", str(tmp_path / "empty"),
+    assert "not an EAGLE-3 directory" in error(["generate", "--model", "tiny-llama", "--draft", str(tmp_path / "empty"),
                                                 "--prompt", "Hi"])
     config_file = tmp_path / "e3" / "config.json"
     config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"hidden_size": 32}))
-    assert "does not fit model 'tiny-llama': hidden_size 32" in error(["generate", "--model", "tiny-llama", "--mtp",
+    assert "does not fit model 'tiny-llama': hidden_size 32" in error(["generate", "--model", "tiny-llama", "--draft",
                                                                        str(tmp_path / "e3"), "--prompt", "Hi"])
 
 

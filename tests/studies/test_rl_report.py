@@ -23,7 +23,7 @@ def write_run(path, acceptance, step_s=1.0, cpu=None, **config):
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
 
-RUN = ["rl", "--model", "tiny-llama", "--mtp", "random", "--task", "arithmetic", "--steps", "1",
+RUN = ["rl", "--model", "tiny-llama", "--draft", "random", "--task", "arithmetic", "--steps", "1",
        "--prompts-per-step", "2", "--num-generations", "2", "--max-completion-length", "6", "--eval-prompts", "2",
        "--autocast", "off", "--threads", "1"]
 
@@ -53,7 +53,7 @@ def test_amdahl():
     (["rl", "--model", "tiny-llama", "--rollout", "beam"], "--rollout must be one of"),
     (["rl", "--model", "tiny-llama", "--learning-rate", "0"], "--learning-rate must be > 0"),
     (["rl", "--model", "no-such-model", "--steps", "1"], "unknown model 'no-such-model'"),
-    (["rl", "--model", "tiny-llama", "--resume"], "cannot resume: no checkpoint"),
+    (["rl", "--model", "tiny-llama", "--draft", "random", "--resume"], "cannot resume: no checkpoint"),
     (["report", "NOWHERE"], "not a `bebop rl` output directory"),
 ])
 def test_bad_input_one_line(argv, message, tmp_path, capsys):

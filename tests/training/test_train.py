@@ -118,8 +118,8 @@ def test_commands_end_to_end(tmp_path, capsys):
           str(tmp_path / "mtp")])
     assert (tmp_path / "mtp.safetensors").exists() and (tmp_path / "mtp.json").exists()
     compare = ["compare-losses", "--model", "tiny-qwen3", "--data", str(data), "--losses", "ce,e2e-tv,kl+e2e-tv",
-               "--draft-len", "2", "--steps", "2", "--batch-size", "4", "--eval-prompts", "0", "--eval-samples", "2",
-               "--eval-new-tokens", "6", "--temperatures", "0.6,1.2", "--out", str(tmp_path / "cmp")]
+               "--draft-len", "2", "--steps", "2", "--batch-size", "4", "--eval-prompts", "0", "--final-eval-prompts", "2",
+               "--max-new-tokens", "6", "--temperatures", "0.6,1.2", "--out", str(tmp_path / "cmp")]
     main(compare)
     evals = sorted((tmp_path / "cmp").glob("eval-*.json"))
     written = [p.stat().st_mtime_ns for p in evals]
@@ -132,7 +132,7 @@ def test_commands_end_to_end(tmp_path, capsys):
     assert all(len(tf["alpha"]) == 2 for tf in report["teacher_forced"].values())
     assert (tmp_path / "cmp" / "compare.png").stat().st_size > 1000
     assert "| e2e-tv | 1.2 | spec |" in (tmp_path / "cmp" / "compare.md").read_text()
-    main(["analyze", "entropy", "--model", "tiny-qwen3", "--mtp", str(tmp_path / "mtp"), "--temperatures",
+    main(["analyze", "entropy", "--model", "tiny-qwen3", "--draft", str(tmp_path / "mtp"), "--temperatures",
           "0.5,1.5", "--num-prompts", "2", "--max-new-tokens", "6", "--bootstrap", "50", "--out",
           str(tmp_path / "ent")])
     for name in ("report.md", "report.json", "tokens.csv", "acceptance_vs_entropy.png"):

@@ -166,10 +166,10 @@ def test_a_draft_vllm_cannot_load_is_refused_before_training(model_dir, tmp_path
 
 @pytest.mark.parametrize("argv, message", [
     (["--rollout-backend", "sglang"], "--rollout-backend must be one of bebop, vllm"),
-    (["--model", "MODEL_DIR", "--rollout-backend", "vllm"], "needs a fixed --draft-len"),
+    (["--model", "MODEL_DIR", "--rollout-backend", "vllm"], "needs an EAGLE-3 draft"),
     (["--model", "tiny-llama", "--rollout-backend", "vllm", "--draft-len", "2"], "exists only in memory"),
     (["--model", "MODEL_DIR", "--rollout-backend", "vllm", "--draft-len", "2"], "needs an EAGLE-3 draft"),
-    (["--model", "MODEL_DIR", "--rollout-backend", "vllm", "--draft-len", "2", "--mtp", "random"],
+    (["--model", "MODEL_DIR", "--rollout-backend", "vllm", "--draft-len", "2", "--draft", "random"],
      "DeepSeek-layout MTP; vLLM loads EAGLE-3 drafts only"),
 ])
 def test_rl_cli_refuses_what_vllm_cannot_run_in_one_line(model_dir, tmp_path, capsys, argv, message):
