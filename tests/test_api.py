@@ -80,3 +80,11 @@ def test_every_example_on_the_python_api_page_runs(index, tmp_path, monkeypatch)
 
 def test_the_page_has_examples():
     assert len(python_blocks()) >= 6
+
+
+def test_generate_by_default_is_speculative_and_asks_for_a_draft_it_was_not_given():
+    model, _ = bebop.load_model("tiny-llama")
+    with pytest.raises(ValueError, match="needs a draft: pass mtp=.*mode='ar'"):
+        bebop.generate(model, [[1, 2, 3]], 4)
+    out = bebop.generate(model, [[1, 2, 3]], 4, mtp=bebop.new_draft(model))
+    assert out.stats.drafted > 0

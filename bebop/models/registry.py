@@ -197,10 +197,11 @@ def compile_mode(compile: str | None) -> str:
     return compile
 
 
-def load_model(name: str, max_len: int | None = None, dtype: str = "float32", compile: str | None = None):
+def load_model(name: str, max_len: int | None = None, dtype: str = "auto", compile: str | None = None):
     """(Decoder, tokenizer). The transformers model is only a weight source and is dropped. bfloat16 halves
     the weight traffic and lets the CPU's matrix units work on multi-token (verification, batched) forwards;
-    "auto" measures whether it pays on this machine (bebop.models.tuning), once per machine and model.
+    "auto" (the default, as on the command line) measures whether it pays on this machine (bebop.models.tuning),
+    once per machine and model; pass dtype="float32" for fp32 weights whatever the machine (training, RL policies).
     `max_len` (positions) defaults to the model's own context, its config's max_position_embeddings.
     `compile` (compiled.COMPILE_MODES; None: $BEBOP_COMPILE): "0" eager, "1" the compiled decode step, "auto" compiled
     where the tuning finds it faster."""
