@@ -86,5 +86,5 @@ def test_generate_by_default_is_speculative_and_asks_for_a_draft_it_was_not_give
     model, _ = bebop.load_model("tiny-llama")
     with pytest.raises(ValueError, match="needs a draft: pass mtp=.*mode='ar'"):
         bebop.generate(model, [[1, 2, 3]], 4)
-    out = bebop.generate(model, [[1, 2, 3]], 4, mtp=bebop.new_draft(model))
+    out = bebop.generate(model, [[1, 2, 3]], 4, mtp=bebop.new_draft(model), draft_len=2)
     assert out.stats.drafted > 0
