@@ -1,4 +1,13 @@
-"""bebop: speculative rollouts with an MTP draft and lossless rejection sampling."""
+"""bebop: speculative rollouts with an MTP draft and lossless rejection sampling.
+
+The Python API, one import away (each name loads its module on first use, so `import bebop` stays torch-free):
+
+    model = bebop.load_model("tiny-llama")              # a registry name, a model directory or a cached HF id
+    draft = bebop.new_draft(model)                       # or load_draft(path), default_draft(model)
+    out = bebop.generate(model, [[1, 2, 3]], 8, bebop.SamplingParams(), mtp=draft, mode="spec")
+
+See docs/reference/python-api.md for every name in `__all__`.
+"""
 
 import importlib
 import importlib.abc
@@ -7,6 +16,39 @@ import sys
 import warnings
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it; resolved on first attribute access (module __getattr__, PEP 562)
+API = {
+    "load_model": "bebop.models.registry",
+    "load_draft": "bebop.drafts.registry",
+    "new_draft": "bebop.drafts.registry",
+    "default_draft": "bebop.drafts.registry",
+    "export_eagle3": "bebop.drafts.formats",
+    "generate": "bebop.engine.generation",
+    "SamplingParams": "bebop.sampling",
+    "SpecStats": "bebop.engine.stats",
+    "TrainConfig": "bebop.training.config",
+    "train_mtp": "bebop.training.train",
+    "e2e_tv_loss": "bebop.training.losses",
+    "RLConfig": "bebop.rl.config",
+    "run_rl": "bebop.rl.loop",
+    "BebopRollout": "bebop.integrations.trl",
+    "check_exactness": "bebop.studies.exactness",
+}
+
+__all__ = ["__version__", *API]
+
+
+def __getattr__(name):
+    if name not in API:
+        raise AttributeError(f"module 'bebop' has no attribute '{name}'")
+    value = getattr(importlib.import_module(API[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(API))
 
 # Module names from before the stages became folders, still importable for one release (with a warning).
 MOVED_MODULES = {

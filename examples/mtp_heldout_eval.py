@@ -27,7 +27,7 @@ parser.add_argument("--features-dtype", default="bfloat16", choices=("float32", 
                     help="the dtype the store was computed in (train-mtp's choice), so that it is reused")
 args = parser.parse_args()
 
-model, _ = load_model(args.model)
+model, _ = load_model(args.model, dtype="float32")
 T = load_meta(args.data).get("temperature") or 1.0
 compute = copy.deepcopy(model).to(torch.bfloat16) if args.features_dtype == "bfloat16" else None
 rows = load_split(args.data, "heldout")[:args.eval_sequences]

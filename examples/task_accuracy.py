@@ -45,7 +45,7 @@ def main():
         for i in range(0, len(tasks), args.batch_size):
             batch = tasks[i:i + args.batch_size]
             g = generate(model, [chat_ids(tok, t.prompt) for t in batch], args.max_new_tokens, params,
-                         seed=args.seed + i)
+                         seed=args.seed + i, mode="ar")
             texts += [tok.decode(r.tokens, skip_special_tokens=True) for r in g.rollouts]
             n_tokens += sum(len(r.tokens) for r in g.rollouts)
         scores = rewards(tasks, texts)

@@ -98,7 +98,7 @@ def tiny_data(out: Path):
     from bebop.models.registry import load_model
     from bebop.sampling import SamplingParams
 
-    model, tok = load_model("tiny-llama")
+    model, tok = load_model("tiny-llama", dtype="float32")
     make_data(model, tok, out, num_samples=8, heldout_samples=2, params=SamplingParams(1.0), max_new_tokens=10,
               batch_size=8, seed=0, model_name="tiny-llama")
 

@@ -33,7 +33,8 @@ def cmd_rl(args):
         if not vllm_engine.installed():
             raise BebopError("--rollout-backend vllm needs vLLM: pip install 'bebop-rl[vllm]'")
         hf_dir(cfg.model)
-    policy, tok = load_model(cfg.model)  # fp32 master weights; rollouts use their own --rollout-dtype copy
+    # fp32 master weights; rollouts use their own --rollout-dtype copy
+    policy, tok = load_model(cfg.model, dtype="float32")
     mtp = None
     if cfg.rollout != "ar" and cfg.rollout_backend == "vllm" and cfg.mtp is None:
         mtp = shipped_draft(policy, "eagle3")  # vLLM loads EAGLE-3 drafts: the model's shipped one

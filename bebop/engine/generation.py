@@ -79,7 +79,8 @@ def check_arguments(target: Decoder, prompts, max_new_tokens: int, mode: str, mt
         raise ValueError(f"got {len(seed)} seeds for {len(prompts)} prompts")
     spec = mode != "ar" and K_max > 0
     if spec and mtp is None:
-        raise ValueError(f"mode '{mode}' needs an MTP module")
+        raise ValueError(f"mode '{mode}' needs a draft: pass mtp= (e.g. bebop.default_draft(model)), or mode='ar' "
+                         "for plain sampling")
     context = target.rope_cos.shape[0]
     need = max(len(p) for p in prompts) + max_new_tokens
     if need > context:
@@ -186,12 +187,14 @@ def decode(d: Decoding, target: Decoder, mtp: Draft | None, params: SamplingPara
 
 @torch.inference_mode()
 def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams = SamplingParams(),
-             mode: str = "ar", mtp: Draft | None = None, draft_len: int | str = 3, seed: int | list[int] = 0,
+             mode: str = "spec", mtp: Draft | None = None, draft_len: int | str = "auto", seed: int | list[int] = 0,
              eos_ids: list[int] | None = None, trace: bool = False, progress: bool = False, *,
              max_batch: int | None = None, max_draft_len: int = DEFAULT_MAX_DRAFT_LEN,
              on_finish: Callable[[int, Rollout], None] | None = None) -> Generation:
     """Generate up to `max_new_tokens` per prompt (token-id lists). `eos_ids` stop a row (default: the
     model's); pass [] to ignore EOS (benchmarks). `seed` is one base seed or one seed per request.
+    mode: "spec" (the default, as on the command line; needs `mtp`, a draft: bebop.drafts.registry.default_draft
+    gives the model's shipped one), "spec-greedy" or "ar" (plain sampling, no draft).
     draft_len: K, or "auto" (K in 0..max_draft_len chosen every step by cost, bebop.engine.draft_len).
     max_batch: rows decoded at once (None: all requests); a finished row takes the next waiting request.
     on_finish(index, rollout) is called once per request as soon as it finishes.

@@ -4,13 +4,15 @@
   loaded with transformers' GGUF loader. The dequantised weights are cached once as safetensors
   (~/.cache/bebop, or $BEBOP_CACHE) so later loads skip the slow GGUF conversion.
 - `tiny-llama`, `tiny-qwen3`: small seeded random models with a byte-level tokenizer, for fast tests.
-- any local Hugging Face model directory (Llama, Qwen2, Qwen3 families).
+- any local Hugging Face model directory (Llama, Qwen2, Qwen3 families), or a Hugging Face id (`Qwen/Qwen3-0.6B`)
+  found in the local Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub).
 Nothing is downloaded at run time.
 """
 
 import importlib.util
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -95,8 +97,9 @@ def hf_dir(name: str) -> Path:
         return smollm2_dir()
     if name in TINY:
         raise BebopError(f"'{name}' exists only in memory; save it with save_pretrained to hand it to another engine")
-    check_model_dir(name)
-    return Path(name)
+    path = resolve_model(name)
+    check_model_dir(path)
+    return Path(path)
 
 
 def smollm2_dir() -> Path:
@@ -144,13 +147,47 @@ def check_model_dir(path) -> dict:
     return config
 
 
+def hub_cache() -> Path:
+    """The Hugging Face hub cache, read from the environment at call time (as huggingface_hub reads it at import)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "huggingface"
+    return Path(home) / "hub"
+
+
+def is_hub_id(name: str) -> bool:
+    """`owner/name` that is not a local path: a Hugging Face id."""
+    return bool(re.fullmatch(r"[\w.-]+/[\w.-]+", name)) and not name.startswith(".") and not os.path.exists(name)
+
+
+def cached_hub_model(repo_id: str) -> Path:
+    """The local snapshot directory of a Hugging Face id, from the hub cache only (never the network)."""
+    from huggingface_hub import snapshot_download
+
+    cache = hub_cache()
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
+    except Exception:  # huggingface_hub raises several kinds for "not cached"; one line says what to do
+        raise BebopError(f"'{repo_id}' is not in the local Hugging Face cache ({cache}); bebop never downloads: "
+                         f"fetch it first with `hf download {repo_id}` (or set HF_HUB_CACHE)") from None
+
+
+def resolve_model(name: str) -> str:
+    """A registry name or local directory as given; a Hugging Face id as its cached snapshot directory."""
+    if name in model_names() or not is_hub_id(name):
+        return name
+    return str(cached_hub_model(name))
+
+
 def check_model(name: str) -> None:
     """Fail early, before anything loads, on a model name that is neither a registry name nor a usable
     local model directory."""
     if name in model_names():
         return
+    name = resolve_model(name)
     if not os.path.isdir(name):
-        raise BebopError(f"unknown model '{name}': use one of {', '.join(model_names())} or a local model directory")
+        raise BebopError(f"unknown model '{name}': use one of {', '.join(model_names())}, a local model directory "
+                         "or a Hugging Face id in the local cache")
     check_model_dir(name)
 
 
@@ -175,15 +212,17 @@ def quiet_transformers():
 
 
 def load_hf(name: str):
-    """(transformers model, tokenizer) for a registry name or a local directory."""
+    """(transformers model, tokenizer) for a registry name, a local directory or a cached Hugging Face id."""
     quiet_transformers()
     if name == DEFAULT_MODEL:
         return smollm2()
     if name in TINY:
         return tiny_model(name)
-    if os.path.isdir(name):
-        return local_model(name)
-    raise BebopError(f"unknown model '{name}': use one of {', '.join(model_names())} or a local model directory")
+    path = resolve_model(name)
+    if os.path.isdir(path):
+        return local_model(path)
+    raise BebopError(f"unknown model '{name}': use one of {', '.join(model_names())}, a local model directory "
+                     "or a Hugging Face id in the local cache")
 
 
 def compile_mode(compile: str | None) -> str:
@@ -197,10 +236,12 @@ def compile_mode(compile: str | None) -> str:
     return compile
 
 
-def load_model(name: str, max_len: int | None = None, dtype: str = "float32", compile: str | None = None):
-    """(Decoder, tokenizer). The transformers model is only a weight source and is dropped. bfloat16 halves
+def load_model(name: str, max_len: int | None = None, dtype: str = "auto", compile: str | None = None):
+    """(Decoder, tokenizer) for a registry name, a local model directory or a Hugging Face id already in the
+    local Hugging Face cache (`Qwen/Qwen3-0.6B`; resolved offline, never downloaded). The transformers model is only a weight source and is dropped. bfloat16 halves
     the weight traffic and lets the CPU's matrix units work on multi-token (verification, batched) forwards;
-    "auto" measures whether it pays on this machine (bebop.models.tuning), once per machine and model.
+    "auto" (the default, as on the command line) measures whether it pays on this machine (bebop.models.tuning),
+    once per machine and model; pass dtype="float32" for fp32 weights whatever the machine (training, RL policies).
     `max_len` (positions) defaults to the model's own context, its config's max_position_embeddings.
     `compile` (compiled.COMPILE_MODES; None: $BEBOP_COMPILE): "0" eager, "1" the compiled decode step, "auto" compiled
     where the tuning finds it faster."""

@@ -27,8 +27,8 @@ class TrainConfig:
     arch: str = "mtp"  # the draft kind: "mtp" (DeepSeek-V3 layout) or "eagle3" (what vLLM and SGLang load)
     mtp_layers: int = 1  # decoder blocks of a fresh MTP (DeepSeek-V3: 1)
     feature_layers: tuple[int, ...] = ()  # target layers a fresh MTP reads (EAGLE-3); () = the last hidden state
-    # machine-dependent speed-ups, off in the library (the CLI's default is auto): the features' forward in
-    # float32, bfloat16 or auto, and bf16 autocast of the training steps over fp32 weights: off, bf16 or auto;
-    # auto = bf16 where this machine's cached --dtype probe chose bf16 for the model
-    features_dtype: str = "float32"
-    autocast: str = "off"
+    # machine-dependent speed-ups, as the CLI sets them: the features' forward in float32, bfloat16 or auto, and
+    # bf16 autocast of the training steps over fp32 weights: off, bf16 or auto; auto = bf16 where this machine's
+    # cached --dtype probe chose bf16 for the model (float32 / off where it did not, or never probed it)
+    features_dtype: str = "auto"
+    autocast: str = "auto"

@@ -73,6 +73,10 @@ def tv_loss(p, q, mask=None):
 def e2e_tv_loss(p, q, mask=None):
     """1 - E[A]/K_valid per position, averaged over positions with at least one valid depth.
 
+    p: the target's probabilities (after temperature), float [..., K, V]; q: the draft's, same shape (softmax of
+    its logits; gradients flow through q). mask: bool [..., K] or None (all valid); a masked depth ends that
+    position's draft. Returns a scalar tensor in [0, 1]: 0 when every draft is always accepted, 0 if nothing is valid.
+
     Unlike tv_loss, this weights early depths more, since a rejection at depth i wastes every draft after it.
     K_valid is the length of the leading run of valid depths."""
     alpha = acceptance(p, q)

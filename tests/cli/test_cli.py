@@ -84,7 +84,7 @@ def test_bad_input_is_one_clear_line(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"prompt": \n')
     assert "bad.jsonl:2" in run_error(capsys, ["generate", "--model", "tiny-llama", "--prompts", str(bad)])
-    other, _ = load_model("tiny-qwen3")
+    other, _ = load_model("tiny-qwen3", dtype="float32")
     new_mtp(other).save(tmp_path / "qwen-mtp")
     assert "does not fit" in run_error(capsys, base + ["--draft", str(tmp_path / "qwen-mtp")])
     assert "values >= 1" in run_error(capsys, ["bench", "--model", "tiny-llama", "--batch-sizes", "0"])
@@ -330,7 +330,7 @@ def short_context_model(tmp_path_factory, load_models):
 def test_long_prompt_near_the_models_context(short_context_model, tmp_path, capsys):
     from bebop.models.registry import chat_ids
 
-    model, tok = load_model(str(short_context_model))
+    model, tok = load_model(str(short_context_model), dtype="float32")
     assert model.max_len == 256  # the context comes from the model's config
     overhead = len(chat_ids(tok, ""))
     K, new = 2, 12

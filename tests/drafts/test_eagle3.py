@@ -98,7 +98,7 @@ def test_an_export_is_studied_and_trained_through_rl(tmp_path, capsys):
     main(["analyze", "entropy", "--model", "tiny-llama", "--mtp", str(tmp_path / "e3"), "--num-prompts", "2",
           "--temperatures", "0.8,1.2", "--max-new-tokens", "6", "--bootstrap", "20", "--out", str(tmp_path / "ent")])
     assert any((tmp_path / "ent").iterdir())
-    policy, tok = load_model("tiny-llama")
+    policy, tok = load_model("tiny-llama", dtype="float32")
     draft = load_mtp(tmp_path / "e3", policy)
     cfg = RLConfig(model="tiny-llama", steps=2, prompts_per_step=2, num_generations=2, max_completion_length=8,
                    learning_rate=1e-3, micro_batch_size=4, autocast="off", rollout="spec", eval_prompts=1, threads=2,

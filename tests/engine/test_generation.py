@@ -365,9 +365,9 @@ def test_argument_validation(warm):
     model, mtp, tok = warm
     prompt = [chat_ids(tok, "hi")]
     with pytest.raises(ValueError):
-        generate(model, prompt, 4, mode="beam")
+        generate(model, prompt, 4, mode="beam", draft_len=3)
     with pytest.raises(ValueError):
-        generate(model, prompt, 4, mode="spec")  # no MTP
+        generate(model, prompt, 4, mode="spec", draft_len=3)  # no MTP
     with pytest.raises(ValueError):
         generate(model, prompt, 4, mode="spec", mtp=mtp, draft_len=-1)
     # draft length 0 is plain decoding
@@ -433,7 +433,7 @@ def test_trace_columns(warm, mode):
         assert int((tr["depth"] == d).sum()) == st.accepted_at[d - 1]
     assert st.accepted_at[K - 1 if mode == "spec" else 1] > 0  # long chains were accepted sometimes
     # without trace: nothing recorded
-    assert generate(model, prompts, 4, mode=mode, mtp=mtp, seed=8, eos_ids=[]).trace is None
+    assert generate(model, prompts, 4, mode=mode, mtp=mtp, seed=8, eos_ids=[], draft_len=3).trace is None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -445,7 +445,7 @@ def test_zero_new_tokens_gives_no_tokens(warm, mode):
     """max_new_tokens is a hard limit: 0 must produce empty rollouts (or be refused), never a token."""
     model, mtp, tok = warm
     try:
-        gen = generate(model, [chat_ids(tok, "hi")] * 2, 0, mode=mode, mtp=mtp, seed=0, eos_ids=[])
+        gen = generate(model, [chat_ids(tok, "hi")] * 2, 0, mode=mode, mtp=mtp, seed=0, eos_ids=[], draft_len=3)
     except ValueError:
         return
     assert [r.tokens for r in gen.rollouts] == [[], []]
@@ -455,7 +455,7 @@ def test_empty_prompt_is_refused(warm):
     """An empty prompt has no position to predict from; the engine must not silently continue padding."""
     model, mtp, tok = warm
     with pytest.raises(ValueError):
-        generate(model, [[], chat_ids(tok, "hi")], 3, seed=0, eos_ids=[])
+        generate(model, [[], chat_ids(tok, "hi")], 3, seed=0, eos_ids=[], mode="ar")
 
 
 # ---------------------------------------------------------------------------------------------------------

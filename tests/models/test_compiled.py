@@ -118,12 +118,12 @@ def test_bebop_compile_decides_what_a_loaded_model_runs(monkeypatch, tiny_llama)
         assert load_model("tiny-llama", dtype="auto", compile="0")[0].compiled is False  # the argument wins
     monkeypatch.delenv("BEBOP_COMPILE")
     assert compile_mode(None) == "0"  # eager unless asked
-    assert load_model("tiny-llama", compile="1")[0].compiled is True
+    assert load_model("tiny-llama", compile="1", dtype="float32")[0].compiled is True
     monkeypatch.setenv("BEBOP_COMPILE", "yes")
     with pytest.raises(BebopError, match="BEBOP_COMPILE"):
         compile_mode(None)
     with pytest.raises(BebopError, match="compile must be"):
-        load_model("tiny-llama", compile="yes")
+        load_model("tiny-llama", compile="yes", dtype="float32")
 
 
 def test_the_probe_keeps_the_compiled_step_only_where_it_is_faster(monkeypatch, tiny_llama, tmp_path):
@@ -197,7 +197,7 @@ def test_the_stack_compiles_whole_when_it_captures_layers(monkeypatch):
     from bebop.models import registry
 
     monkeypatch.setitem(registry.TINY["tiny-llama"], "num_hidden_layers", 4)
-    model, _ = registry.load_model("tiny-llama")
+    model, _ = registry.load_model("tiny-llama", dtype="float32")
     capture = (2, -1, 3)  # any order, as a draft's config may list them
     out = {}
     for flag in (False, True):

@@ -131,7 +131,7 @@ def test_unknown_model_name():
     with pytest.raises(BebopError, match="unknown model"):
         registry.load_hf("no-such-model-xyz")
     with pytest.raises(BebopError):
-        registry.load_model("no-such-model-xyz")
+        registry.load_model("no-such-model-xyz", dtype="float32")
 
 
 def test_directory_without_config(tmp_path):
@@ -139,7 +139,7 @@ def test_directory_without_config(tmp_path):
         registry.load_hf(str(tmp_path))
     (tmp_path / "weights.bin").write_bytes(b"\0" * 8)
     with pytest.raises(BebopError):
-        registry.load_model(str(tmp_path))
+        registry.load_model(str(tmp_path), dtype="float32")
 
 
 def test_directory_with_unsupported_model_type(tmp_path):
@@ -156,9 +156,9 @@ def test_context_length_comes_from_the_config(tmp_path, load_models):
     finally:
         hf.config.max_position_embeddings = old
     tok.save_pretrained(tmp_path)
-    model, _ = registry.load_model(str(tmp_path))
+    model, _ = registry.load_model(str(tmp_path), dtype="float32")
     assert model.max_len == 300
-    assert registry.load_model("tiny-llama")[0].max_len == 4096
+    assert registry.load_model("tiny-llama", dtype="float32")[0].max_len == 4096
     smollm2 = registry.cache_dir() / "smollm2-135m" / "config.json"
     if smollm2.exists():  # SmolLM2's own config (the cached copy; not loaded here, that costs seconds)
         assert json.loads(smollm2.read_text())["max_position_embeddings"] == 8192
@@ -177,7 +177,7 @@ def test_broken_model_directory_is_one_clear_error(tmp_path, load_models, broken
         for f in tmp_path.glob("tokenizer*"):
             f.unlink()
     with pytest.raises(BebopError, match="config.json is unreadable|cannot load model|no tokenizer"):
-        registry.load_model(str(tmp_path))
+        registry.load_model(str(tmp_path), dtype="float32")
 
 
 def test_rms_norm_with_vllms_kernel_equals_torchs():

@@ -13,7 +13,7 @@ def probed_tiny_llama(tmp_path, monkeypatch):
         from bebop.models import tuning as auto_dtype
 
         monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
-        policy, _ = load_model("tiny-llama")
+        policy, _ = load_model("tiny-llama", dtype="float32")
         key = auto_dtype.probe_key("tiny-llama", policy.embed.weight.device)
         (tmp_path / auto_dtype.CACHE_FILE).write_text(json.dumps({key: {
             "attention_for": {"float32": list(fp32_attention), "bfloat16": list(attention)},

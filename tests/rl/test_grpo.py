@@ -68,11 +68,11 @@ def test_loss_normalisation_and_accumulation(loss_type, expected):
 
 
 def test_one_step_raises_logprob_of_rewarded_samples():
-    policy, tok = load_model("tiny-llama")
+    policy, tok = load_model("tiny-llama", dtype="float32")
     policy.requires_grad_(True)
     prompts = [tok("ab")["input_ids"], tok("xyz")["input_ids"]]
     rows = [p for p in prompts for _ in range(4)]
-    g = generate(policy, rows, 12, SamplingParams(1.0), seed=3)
+    g = generate(policy, rows, 12, SamplingParams(1.0), seed=3, mode="ar")
     rewards = torch.tensor([1.0, 0, 1, 0, 0, 1, 0, 0])
     adv = grpo.advantages(rewards, 4)
     samples = [Sample(p, r.tokens, r.logprobs, float(a)) for p, r, a in zip(rows, g.rollouts, adv)]

@@ -34,7 +34,7 @@ def small(**kw):
 
 
 def run(cfg, out, resume=False):
-    policy, tok = load_model(cfg.model)
+    policy, tok = load_model(cfg.model, dtype="float32")
     mtp = new_mtp(policy, seed=1) if cfg.rollout != "ar" else None
     rows = run_rl(cfg, out, policy, tok, TRAIN, EVAL, mtp, resume=resume, progress=False)
     return policy, rows
@@ -125,7 +125,7 @@ def test_online_mtp_with_feature_layers_trains_and_syncs(tmp_path):
     """An EAGLE-3 MTP (reading captured target layers) trains online on the policy's features, and the
     one-step worker (another process, holding a copy built from the MTP's config) drafts with it."""
     cfg = small(steps=2, async_mode="one-step", mtp_strategy="online-kl")
-    policy, tok = load_model(cfg.model)
+    policy, tok = load_model(cfg.model, dtype="float32")
     mtp = new_mtp(policy, seed=1, feature_layers=(0, 1))
     before = {k: v.clone() for k, v in mtp.state_dict().items()}
     rows = run_rl(cfg, tmp_path / "run", policy, tok, TRAIN, EVAL, mtp, progress=False)

@@ -40,7 +40,7 @@ def test_the_sync_check_allows_what_bf16_rounding_costs_a_sharp_policy_and_catch
     at step 54. The tolerance follows the rounding gap measured on the trainer's own weights: a sharp policy
     (logits x128) whose engine is off by more than 0.15 passes, and weights the sync missed still fail. Within
     the floor the rounded copy is never made (sync_rounding_gap None)."""
-    policy, _ = load_model("tiny-llama")
+    policy, _ = load_model("tiny-llama", dtype="float32")
     worker = LocalWorker(model_spec(policy, None, "bfloat16"), "bfloat16", "ar", 0, 0, 1.0)
     worker.load_weights(policy_state(policy), {}, 0)
     calm = check_sync(worker, policy, list(range(3, 40)), "bfloat16", float("inf"))

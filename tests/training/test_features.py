@@ -9,7 +9,7 @@ from bebop.models.registry import load_model
 
 @pytest.fixture(scope="module")
 def tiny():
-    model, _ = load_model("tiny-llama")
+    model, _ = load_model("tiny-llama", dtype="float32")
     return model
 
 

@@ -23,7 +23,7 @@ from bebop.errors import BebopError
 
 @pytest.fixture(scope="module")
 def sharp():
-    model, tok = load_model("tiny-llama")
+    model, tok = load_model("tiny-llama", dtype="float32")
     model.lm_head.weight.data *= 5  # entropy ~2.8 nats at T=1 instead of ~5.5 (uniform)
     return model, tok
 
@@ -46,7 +46,7 @@ def test_training_lowers_loss_and_raises_heldout_acceptance(sharp, data, tmp_pat
     model, _ = sharp
     before = heldout_alpha(model, new_mtp(model, seed=0), data)
     cfg = TrainConfig(loss="e2e-tv", draft_len=2, steps=40, batch_size=8, lr=3e-3, eval_every=40, save_every=40,
-                      eval_prompts=2, eval_new_tokens=8)
+                      eval_prompts=2, eval_new_tokens=8, features_dtype="float32", autocast="off")
     mtp = train_mtp(model, data, tmp_path / "m", cfg, progress=False)
     rows = [json.loads(x) for x in (tmp_path / "m.metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 40
@@ -83,7 +83,7 @@ def test_a_two_block_eagle3_mtp_trains_in_bf16_and_reports_per_kind(sharp, data,
 def test_resume_after_a_crash_equals_an_uninterrupted_run(sharp, data, tmp_path, monkeypatch):
     model, _ = sharp
     cfg = TrainConfig(loss="kl+e2e-tv", draft_len=2, steps=12, batch_size=8, lr=3e-3, eval_every=100,
-                      save_every=5, eval_prompts=0, draft_vocab=64)
+                      save_every=5, eval_prompts=0, draft_vocab=64, features_dtype="float32", autocast="off")
     whole = train_mtp(model, data, tmp_path / "whole", cfg, progress=False)
 
     calls = {"n": 0}
@@ -141,7 +141,8 @@ def test_commands_end_to_end(tmp_path, capsys):
 
 def test_resume_refuses_other_data_other_settings_or_nothing(sharp, data, tmp_path):
     model, _ = sharp
-    cfg = TrainConfig(loss="kl", draft_len=2, steps=2, batch_size=4, eval_every=100, save_every=1, eval_prompts=0)
+    cfg = TrainConfig(loss="kl", draft_len=2, steps=2, batch_size=4, eval_every=100, save_every=1, eval_prompts=0,
+                      features_dtype="float32", autocast="off")
     with pytest.raises(BebopError, match="nothing to resume"):
         train_mtp(model, data, tmp_path / "m", cfg, resume=True, progress=False)
     train_mtp(model, data, tmp_path / "m", cfg, progress=False)
@@ -181,7 +182,8 @@ def test_an_eagle3_draft_trains_exports_and_fine_tunes_from_its_export(sharp, da
     model, _ = sharp
     before = heldout_alpha(model, new_eagle3(model, seed=0), data)
     cfg = TrainConfig(arch="eagle3", loss="kl+e2e-tv", draft_len=2, steps=40, batch_size=8, lr=3e-3, eval_every=40,
-                      save_every=40, eval_prompts=2, eval_new_tokens=8, draft_vocab=128)
+                      save_every=40, eval_prompts=2, eval_new_tokens=8, draft_vocab=128,
+                      features_dtype="float32", autocast="off")
     draft = train_mtp(model, data, tmp_path / "e3", cfg, progress=False)
     rows = [json.loads(x) for x in (tmp_path / "e3.metrics.jsonl").read_text().splitlines()]
     first, last = sum(r["loss"] for r in rows[:5]) / 5, sum(r["loss"] for r in rows[-5:]) / 5

@@ -42,7 +42,7 @@ def config(model_dir, **kw):
 
 @pytest.fixture(scope="module")
 def setup(model_dir, tmp_path_factory):
-    policy, tok = load_model(model_dir)
+    policy, tok = load_model(model_dir, dtype="float32")
     draft = new_eagle3(policy, seed=1)
     cfg = config(model_dir)
     worker = WorkerProcess(policy, draft, cfg, "float32", 1, vllm_args(cfg, draft, tmp_path_factory.mktemp("run"), 512))
@@ -134,13 +134,13 @@ def test_rl_run_with_the_vllm_backend_writes_bebops_metrics_one_step_and_resumes
     tasks = [ToyTask(p) for p in PROMPTS]
     rows = {}
     for backend, kw in (("bebop", {}), ("vllm", {"async_mode": "one-step", "threads": 2})):
-        policy, tok = load_model(model_dir)
+        policy, tok = load_model(model_dir, dtype="float32")
         draft = new_eagle3(policy, seed=1)
         rows[backend] = run_rl(config(model_dir, rollout_backend=backend, **kw), tmp_path / backend, policy, tok, tasks,
                                tasks[:2], draft, progress=False)
     assert set(rows["vllm"][0]) == set(rows["bebop"][0])
     assert [r["policy_version_lag"] for r in rows["vllm"]] == [0, 1]  # batch 2 came from weights 0
-    policy, tok = load_model(model_dir)
+    policy, tok = load_model(model_dir, dtype="float32")
     resumed = run_rl(config(model_dir, async_mode="one-step", threads=2, steps=3), tmp_path / "vllm", policy, tok,
                      tasks, tasks[:2], new_eagle3(policy, seed=1), resume=True, progress=False)
     # (the run ended at step 2 with no batch in flight, so batch 3 is generated afresh, from weights 2)
@@ -157,7 +157,7 @@ def test_rl_run_with_the_vllm_backend_writes_bebops_metrics_one_step_and_resumes
 def test_a_draft_vllm_cannot_load_is_refused_before_training(model_dir, tmp_path):
     from bebop.drafts.mtp import new_mtp
 
-    policy, tok = load_model(model_dir)
+    policy, tok = load_model(model_dir, dtype="float32")
     tasks = [ToyTask(p) for p in PROMPTS]
     with pytest.raises(BebopError, match="EAGLE-3 drafts only"):
         run_rl(config(model_dir), tmp_path / "r", policy, tok, tasks, tasks[:2], new_mtp(policy), progress=False)

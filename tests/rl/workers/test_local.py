@@ -13,7 +13,7 @@ from bebop.rl.workers.local import LocalWorker
 def test_worker_mtp_drafts_for_the_synced_weights():
     """After load_weights, the worker's MTP head (a cached slice under a reduced draft vocabulary) is the newly
     loaded policy's head, and spec rollouts still run."""
-    policy, _ = load_model("tiny-qwen3")  # untied head: the MTP must follow lm_head, not the embedding
+    policy, _ = load_model("tiny-qwen3", dtype="float32")  # untied head: the MTP must follow lm_head, not the embedding
     mtp = new_mtp(policy, seed=1)
     mtp.set_draft_vocab(torch.arange(0, 200, 2))
     worker = LocalWorker(model_spec(policy, mtp, "float32"), "float32", "spec", 3, 3, 1.0)

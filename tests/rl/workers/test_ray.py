@@ -45,7 +45,7 @@ def config(**kw):
 
 
 def run(cfg, out):
-    policy, tok = load_model(cfg.model)
+    policy, tok = load_model(cfg.model, dtype="float32")
     tasks = [ToyTask(p) for p in PROMPTS]
     return run_rl(cfg, out, policy, tok, tasks, tasks[:2], new_mtp(policy, seed=1), progress=False)
 
@@ -63,7 +63,7 @@ def test_two_ray_workers_give_the_local_pipelines_samples_and_schema(ray_local, 
 def test_a_worker_killed_mid_batch_is_restarted_and_the_batch_completes(ray_local, perturbed):
     from bebop.rl.workers.ray import RayWorkers
 
-    policy, tok = load_model("tiny-llama")
+    policy, tok = load_model("tiny-llama", dtype="float32")
     mtp = new_mtp(policy, seed=1)
     cfg = config(ray="local", rollout_workers=2)
     workers = RayWorkers(model_spec(policy, mtp, "float32"), cfg, "float32", 1)
@@ -115,7 +115,7 @@ def test_two_ray_workers_with_vllm_each_on_its_core(ray_local, vllm_model_dir, t
     """The vLLM backend under Ray: each actor runs its own vLLM on its bundle's core; same metrics as without."""
     from bebop.drafts.eagle3 import new_eagle3
 
-    policy, tok = load_model(vllm_model_dir)
+    policy, tok = load_model(vllm_model_dir, dtype="float32")
     tasks = [ToyTask(p) for p in PROMPTS]
     cfg = config(model=vllm_model_dir, rollout_backend="vllm", ray="local", rollout_workers=2, steps=1)
     rows = run_rl(cfg, tmp_path / "r", policy, tok, tasks, tasks[:2], new_eagle3(policy, seed=1), progress=False)
