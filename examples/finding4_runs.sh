@@ -21,7 +21,7 @@ for loss in ce kl kl+e2e-tv; do
   [ -f $out.safetensors ] && [ "$(python3 -c "import json;print(json.load(open('$out.json'))['meta']['step'])")" = 400 ] && continue
   resume=; [ -d $out.ckpt ] && resume=--resume
   $BEBOP train-mtp --model smollm2-135m --data $W/data --init bebop/checkpoints/smollm2-135m-mtp-v4 --loss $loss \
-    --feature-layers 2,15,27 --features-dtype bfloat16 --draft-len 3 --steps 400 --batch-size 8 --lr 3e-4 \
+    --feature-layers 2,15,27 --features-dtype bfloat16 --draft-len 3 --steps 400 --batch-size 8 --learning-rate 3e-4 \
     --max-seq-len 384 --eval-every 400 --eval-sequences 120 --eval-prompts 8 --save-every 50 --seed 0 \
     --out $out $resume
 done
@@ -35,16 +35,16 @@ rl() {  # name, then the run's own options
     --max-completion-length 96 --learning-rate 1e-5 --eval-every 25 --eval-prompts 32 --seed 0 --async-mode off \
     --draft-len 3 --save-every 5 --out $out $resume "$@"
 }
-rl spec-kl+e2e-tv --rollout spec --mtp $W/draft-kl+e2e-tv --mtp-strategy frozen
-rl spec-ce --rollout spec --mtp $W/draft-ce --mtp-strategy frozen
-rl spec-kl --rollout spec --mtp $W/draft-kl --mtp-strategy frozen
-rl spec-greedy-kl+e2e-tv --rollout spec-greedy --mtp $W/draft-kl+e2e-tv --mtp-strategy frozen
-rl spec-online-e2e-tv --rollout spec --mtp $W/draft-kl+e2e-tv --mtp-strategy online-e2e-tv
+rl spec-kl+e2e-tv --rollout spec --draft $W/draft-kl+e2e-tv --mtp-strategy frozen
+rl spec-ce --rollout spec --draft $W/draft-ce --mtp-strategy frozen
+rl spec-kl --rollout spec --draft $W/draft-kl --mtp-strategy frozen
+rl spec-greedy-kl+e2e-tv --rollout spec-greedy --draft $W/draft-kl+e2e-tv --mtp-strategy frozen
+rl spec-online-e2e-tv --rollout spec --draft $W/draft-kl+e2e-tv --mtp-strategy online-e2e-tv
 rl ar --rollout ar
 # the first two runs again, on the machine that ran ar and online (wall times divide only within one CPU, and
 # a recipe run twice shows the run-to-run spread that the step-paired intervals leave out)
-rl spec-kl+e2e-tv-epyc --rollout spec --mtp $W/draft-kl+e2e-tv --mtp-strategy frozen
-rl spec-ce-epyc --rollout spec --mtp $W/draft-ce --mtp-strategy frozen
+rl spec-kl+e2e-tv-epyc --rollout spec --draft $W/draft-kl+e2e-tv --mtp-strategy frozen
+rl spec-ce-epyc --rollout spec --draft $W/draft-ce --mtp-strategy frozen
 
 # 4. the report over every run that has steps
 # (the e2e-TV run first: every other speculative run is compared with it step by step)

@@ -30,7 +30,7 @@ def default_of(function, name):
 
 def subcommand_defaults(command: str) -> dict:
     from bebop.cli.parser import build_parser
-    extra = ["--out", "x"] + (["--data", "x"] if command == "train-mtp" else [])
+    extra = ["--out", "x", "--data", "x"] if command == "train-mtp" else []  # the options it requires
     return vars(build_parser().parse_args([command, *extra]))
 
 
