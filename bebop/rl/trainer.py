@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from bebop.engine.scheduler import right_pad
+from bebop.models import cpu
 from bebop.rl import grpo
 from bebop.rl.config import RLConfig
 from bebop.training.losses import loss_value
@@ -148,7 +149,10 @@ def mtp_step(mtp, opt, policy, samples: list[Sample], cfg: RLConfig, use_bf16: b
 
 def bf16_autocast_is_faster(policy, micro_batch_size: int, seq_len: int, reps: int = 1) -> tuple[bool, dict]:
     """Time forward+backward of one micro-batch with and without bf16 autocast (interleaved, after a warm-up);
-    True if autocast is faster on this machine. Gradients are cleared afterwards."""
+    True if autocast is faster on this machine. Gradients are cleared afterwards. Where the CPU has no native bf16
+    (bebop.models.cpu), bf16 would run emulated, far slower: the answer is False without timing it."""
+    if policy.embed.weight.device.type == "cpu" and not cpu.native_bf16():
+        return False, {"bf16": f"not timed: this CPU ({cpu.describe()}) has no native bf16"}
     tokens = torch.randint(0, policy.cfg.vocab_size, (micro_batch_size, seq_len), device=policy.embed.weight.device)
     times = {False: [], True: []}
     for r in range(reps + 1):
