@@ -98,7 +98,7 @@ def test_rl_cli_ray_bad_input_is_one_line(ray_local, tmp_path, capsys, argv, mes
     from bebop.cli import main
 
     with pytest.raises(SystemExit) as exc:
-        main(["rl", "--model", "tiny-llama", "--steps", "1", "--threads", "2", *argv, "--out", str(tmp_path / "r")])
+        main(["rl", "--model", "tiny-llama", "--steps", "1", "--threads", "2", "--draft", "random", *argv, "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert exc.value.code == 2 and err.startswith("bebop: error:") and message in err, err
 
