@@ -13,6 +13,13 @@ from bebop.models import tuning as auto_dtype
 from bebop.models import registry
 
 
+@pytest.fixture(autouse=True)
+def bf16_native(monkeypatch):
+    """The decision rule is tested on both dtypes on every machine: bf16 counts as native here (the probe times
+    float32 alone where it is not: `avx2_only` below says so, and its test checks that)."""
+    monkeypatch.setattr(cpu, "native_bf16", lambda: True)
+
+
 def fake_timer(costs, calls=None, several=None, linear=None):
     """A timer whose forward costs `costs[(dtype name, attention)]` seconds, times the new tokens; with
     `several`, forwards of more than one new token per row cost `several[(dtype name, attention)]` instead;
