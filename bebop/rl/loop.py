@@ -29,11 +29,11 @@ from bebop.errors import BebopError
 from bebop.models import DTYPES  # noqa: F401 -- old name (bebop.rl.loop.DTYPES), kept for one release
 from bebop.models import cpu
 from bebop.models.decoder import Decoder
-from bebop.models.registry import chat_ids, probed_choice, probed_compiled, probed_kernels
+from bebop.models.registry import cache_dir, chat_ids, probed_choice, probed_compiled, probed_kernels
 from bebop.rl import grpo
 from bebop.rl.config import RLConfig
 from bebop.rl.sync import check_sync, mtp_state, policy_state
-from bebop.rl.trainer import MTP_LOSS, Sample, bf16_autocast_is_faster, mtp_step, policy_step
+from bebop.rl.trainer import MTP_LOSS, Sample, autocast_choice, mtp_step, policy_step
 from bebop.rl.workers import RolloutWorker, make_workers
 from bebop.seeds import batch_seed
 
@@ -213,7 +213,7 @@ def choose_numerics(cfg: RLConfig, out: Path, policy: Decoder, resume: bool) -> 
         saved = json.loads((out / "run.json").read_text())
         return saved["use_bf16"], "resumed", saved.get("rollout_dtype", "bfloat16")  # (older runs rolled out in bf16)
     if cfg.autocast == "auto":
-        use_bf16, probe = bf16_autocast_is_faster(policy, cfg.micro_batch_size, 64)
+        use_bf16, probe = autocast_choice(policy, cfg.micro_batch_size, 64, cache_dir())
     else:
         use_bf16, probe = cfg.autocast == "bf16", None
     rollout_dtype = cfg.rollout_dtype

@@ -5,19 +5,23 @@ with bf16 matrix units is several times faster. Micro-batches accumulate gradien
 one step on the whole batch (bebop.rl.grpo.token_weights); then gradient clipping and AdamW.
 """
 
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from bebop.engine.scheduler import right_pad
-from bebop.models import cpu
+from bebop.io import write_text_atomic
+from bebop.models import cpu, tuning
 from bebop.rl import grpo
 from bebop.rl.config import RLConfig
 from bebop.training.losses import loss_value
 from bebop.training.targets import autocast, depth_tensors
 
+AUTOCAST_CACHE = "autocast-probe-v1.json"  # in the probes' cache directory, beside the dtype probe's file
 MTP_LOSS = {"online-ce": "ce", "online-kl": "kl", "online-e2e-tv": "e2e-tv"}
 
 
@@ -167,6 +171,26 @@ def bf16_autocast_is_faster(policy, micro_batch_size: int, seq_len: int, reps: i
     policy.zero_grad(set_to_none=True)
     fp32, bf16 = min(times[False]), min(times[True])
     return bf16 < fp32, {"fp32_s": fp32, "bf16_s": bf16}
+
+
+def autocast_choice(policy, micro_batch_size: int, seq_len: int, cache_dir: Path) -> tuple[bool, dict]:
+    """bf16_autocast_is_faster's answer for this model and micro-batch on this machine: measured on first use,
+    then read from cache_dir/AUTOCAST_CACHE (keyed as the dtype probe is: CPU and capability, torch, model,
+    threads), so that every run on a machine decides alike and pays for the probe once."""
+    if not policy.name:  # no stable key: probed every time
+        return bf16_autocast_is_faster(policy, micro_batch_size, seq_len)
+    key = f"{tuning.cache_key(policy.name, policy.embed.weight.device)} | micro-batch {micro_batch_size}x{seq_len}"
+    path = Path(cache_dir) / AUTOCAST_CACHE
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):  # none yet, or unreadable: probe again
+        known = {}
+    if key not in known:
+        use_bf16, probe = bf16_autocast_is_faster(policy, micro_batch_size, seq_len)
+        known[key] = {"use_bf16": use_bf16, "probe": probe}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(known, indent=1))
+    return known[key]["use_bf16"], {**known[key]["probe"], "cache": str(path)}
 
 
 probe_bf16 = bf16_autocast_is_faster  # old name, kept for one release

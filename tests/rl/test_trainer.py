@@ -6,7 +6,7 @@ import copy
 import pytest
 
 from bebop.models import cpu
-from bebop.rl.trainer import bf16_autocast_is_faster
+from bebop.rl.trainer import AUTOCAST_CACHE, autocast_choice, bf16_autocast_is_faster
 
 
 def test_no_native_bf16_answers_fp32_without_running_the_model(monkeypatch, tiny_llama):
@@ -23,3 +23,17 @@ def test_native_bf16_times_both(monkeypatch, tiny_llama):
     use_bf16, probe = bf16_autocast_is_faster(policy, 2, 8)
     assert isinstance(use_bf16, bool) and probe["fp32_s"] > 0 and probe["bf16_s"] > 0
     assert all(p.grad is None for p in policy.parameters())
+
+
+def test_the_answer_is_cached_per_machine_and_model(monkeypatch, tiny_llama, tmp_path):
+    policy = copy.deepcopy(tiny_llama[0]).requires_grad_(True)
+    monkeypatch.setattr(cpu, "native_bf16", lambda: True)
+    first = autocast_choice(policy, 2, 8, tmp_path)
+    assert (tmp_path / AUTOCAST_CACHE).is_file() and first[1]["fp32_s"] > 0
+    def probed_again(*args, **kwargs):
+        raise RuntimeError("probed again")
+
+    monkeypatch.setattr(policy, "forward_full", probed_again)
+    assert autocast_choice(policy, 2, 8, tmp_path) == first  # read back: the same answer and timings
+    with pytest.raises(RuntimeError, match="probed again"):  # another micro-batch is another question
+        autocast_choice(policy, 4, 8, tmp_path)
