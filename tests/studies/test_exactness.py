@@ -63,3 +63,17 @@ def test_a_wrong_residual_fails(tiny_llama, monkeypatch):
     monkeypatch.setattr(sampling, "residual", lambda p, q, vocab_ids=None: p)
     biased = check_exactness(model, draft, prompt, SamplingParams(1.0), samples=3000, seed=4)
     assert not biased["passed"], biased
+
+
+def test_too_few_samples_for_any_cell_is_no_evidence_either_way():
+    """Tokens so spread that no cell expects MIN_COUNT samples merge into one cell: the goodness of fit has no
+    degree of freedom, so its p-value is 1 (not NaN, which would read as a failure), while a token of
+    probability 0 still fails."""
+    import numpy as np
+
+    from bebop.studies.exactness import goodness_of_fit
+
+    probs = np.full(1000, 1e-3)
+    assert goodness_of_fit(np.arange(50), probs) == 1.0
+    probs[7] = 0
+    assert goodness_of_fit(np.array([7, 8]), probs) == 0.0
