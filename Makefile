@@ -27,15 +27,11 @@ $(STAMP): $(BASE)
 
 install: $(STAMP)
 
-# a few one-step-async GRPO steps on arithmetic: spec rollouts with the shipped (frozen) MTP next to plain ar,
-# same seed; the report prints rewards, acceptance and the measured end-to-end speedup
-DEMO_RL := --model smollm2-135m --task arithmetic --steps 2 --prompts-per-step 4 --num-generations 4 \
-	--max-completion-length 64 --eval-prompts 16 --async-mode one-step --seed 0
+# plain against speculative GRPO rollouts of the default model in interleaved rounds, the exactness check, the
+# report and a verdict (bebop.studies.demo); a fresh demo each time
 demo: $(BASE)
-	rm -rf runs/demo  # a fresh demo each time: bebop rl refuses to overwrite a run without --resume
-	.venv/bin/bebop rl $(DEMO_RL) --rollout ar --out runs/demo/ar
-	.venv/bin/bebop rl $(DEMO_RL) --rollout spec --mtp-strategy frozen --out runs/demo/spec
-	.venv/bin/bebop report runs/demo/ar runs/demo/spec --out runs/demo/report
+	rm -rf runs/demo
+	.venv/bin/bebop demo --out runs/demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=15

@@ -16,6 +16,7 @@ import sys
 from bebop.engine.modes import MODES
 from bebop.rl.config import (ASYNC_MODES, AUTOCAST, BACKENDS, DTYPES, LOSS_TYPES, MTP_STRATEGIES, ROLLOUTS,
                              SCALE_REWARDS, RLConfig)
+from bebop.studies.demo_config import DemoConfig
 from bebop.training.config import TrainConfig
 
 DESCRIPTION = """bebop: faster RL rollouts for small language models by speculative decoding. A small draft model
@@ -207,6 +208,13 @@ def build_parser():
     parser = Parser(prog="bebop", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"bebop {version}")
     sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
+
+    p = sub.add_parser("demo", help="plain against speculative GRPO rollouts on this machine, ending with a verdict")
+    p.add_argument("--out", default="runs/demo", help="a new directory for the runs, the report and verdict.md")
+    p.add_argument("--rounds", type=int, default=DemoConfig.rounds,
+                   help=f"interleaved rounds of {DemoConfig.steps_per_round} steps of each run (more: steadier figures)")
+    p.add_argument("--seed", type=int, default=DemoConfig.seed, help="random seed")
+    p.set_defaults(func="demo:cmd_demo")
 
     p = sub.add_parser("generate", help="sample completions (plain or speculative)")
     add_model_args(p)
