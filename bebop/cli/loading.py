@@ -1,6 +1,6 @@
 """The model and draft a command names (--model, --draft), loaded."""
 
-from bebop.drafts.registry import load_draft, new_draft, shipped_draft
+from bebop.drafts.registry import load_draft, new_draft, trained_draft
 from bebop.errors import BebopError
 from bebop.models.registry import load_model
 
@@ -22,7 +22,7 @@ def pick_mtp(spec: str | None, model, need_trained=True):
         return new_draft(model, "eagle3")
     if spec:
         return load_draft(spec, model)
-    draft = shipped_draft(model, "eagle3") or shipped_draft(model)
+    draft = trained_draft(model)
     if draft is None and need_trained:
         raise BebopError(no_trained_draft(getattr(model, "name", "this model")))
     return draft or new_draft(model, "mtp")

@@ -60,11 +60,15 @@ def shipped_draft(target: Decoder, kind: str = "mtp") -> Draft | None:
     return load_draft(shipped, target) if shipped and shipped.exists() else None
 
 
-def default_draft(target: Decoder) -> Draft:
+def trained_draft(target: Decoder) -> Draft | None:
     """The target's committed trained draft: its EAGLE-3 draft if one ships (bebop/checkpoints/NAME-eagle3-vN.*, the
-    one draft that bebop's engine, vLLM and SGLang all run), else its DeepSeek-layout MTP (NAME-mtp-vN.*), else a
-    fresh seeded MTP."""
-    return shipped_draft(target, "eagle3") or shipped_draft(target) or new_mtp(target)
+    one draft that bebop's engine, vLLM and SGLang all run), else its DeepSeek-layout MTP (NAME-mtp-vN.*), else None."""
+    return shipped_draft(target, "eagle3") or shipped_draft(target)
+
+
+def default_draft(target: Decoder) -> Draft:
+    """The target's committed trained draft (trained_draft), else a fresh seeded MTP."""
+    return trained_draft(target) or new_mtp(target)
 
 
 def load_draft(path: str | Path, target: Decoder) -> Draft:

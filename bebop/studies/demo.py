@@ -19,9 +19,8 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from bebop.drafts.registry import shipped_draft
+from bebop.drafts.registry import trained_draft
 from bebop.errors import BebopError
-from bebop.models import cpu
 from bebop.models.registry import chat_ids, load_model
 from bebop.rl.loop import run_rl
 from bebop.sampling import SamplingParams
@@ -45,7 +44,7 @@ def run_demo(out, cfg: DemoConfig = DemoConfig()) -> str:
     heldout = rl_tasks(cfg.task, cfg.eval_prompts, cfg.seed, "heldout")
     policies = {name: load_model(cfg.model, dtype="float32") for name in configs}  # fp32 masters, trained in place
     tok = policies["ar"][1]
-    draft = shipped_draft(policies["spec"][0], "eagle3") or shipped_draft(policies["spec"][0])
+    draft = trained_draft(policies["spec"][0])
     if draft is None:
         raise BebopError(f"'{cfg.model}' ships no trained draft; the demo needs one")
     for i in range(cfg.rounds):

@@ -17,7 +17,7 @@ TINY = DemoConfig(model="tiny-llama", rounds=2, steps_per_round=1, prompts_per_s
 
 
 def test_demo_interleaves_rounds_and_ends_with_a_verdict(tmp_path, monkeypatch):
-    monkeypatch.setattr(demo, "shipped_draft", lambda model, kind=None: new_mtp(model, seed=1))
+    monkeypatch.setattr(demo, "trained_draft", lambda model: new_mtp(model, seed=1))
     calls, run_rl = [], demo.run_rl
 
     def recorded(cfg, out, *args, **kwargs):
