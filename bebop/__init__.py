@@ -1,10 +1,10 @@
-"""bebop: speculative rollouts with an MTP draft and lossless rejection sampling.
+"""bebop: speculative rollouts with a trained draft (EAGLE-3 or MTP) and lossless rejection sampling.
 
 The Python API, one import away (each name loads its module on first use, so `import bebop` stays torch-free):
 
     model = bebop.load_model("tiny-llama")              # a registry name, a model directory or a cached HF id
     draft = bebop.new_draft(model)                       # or load_draft(path), default_draft(model)
-    out = bebop.generate(model, [[1, 2, 3]], 8, bebop.SamplingParams(), mtp=draft, mode="spec")
+    out = bebop.generate(model, [[1, 2, 3]], 8, bebop.SamplingParams(), draft=draft, mode="spec")
 
 See docs/reference/python-api.md for every name in `__all__`.
 """
@@ -28,7 +28,7 @@ API = {
     "SamplingParams": "bebop.sampling",
     "SpecStats": "bebop.engine.stats",
     "TrainConfig": "bebop.training.config",
-    "train_mtp": "bebop.training.train",
+    "train_draft": "bebop.training.train",
     "e2e_tv_loss": "bebop.training.losses",
     "RLConfig": "bebop.rl.config",
     "run_rl": "bebop.rl.loop",
@@ -39,10 +39,15 @@ API = {
 __all__ = ["__version__", *API]
 
 
+# old public names -> their module, kept for one release out of __all__ (each warns when called)
+RENAMED = {"train_mtp": "bebop.training.train"}
+
+
 def __getattr__(name):
-    if name not in API:
+    module = API.get(name) or RENAMED.get(name)
+    if module is None:
         raise AttributeError(f"module 'bebop' has no attribute '{name}'")
-    value = getattr(importlib.import_module(API[name]), name)
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 

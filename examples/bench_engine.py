@@ -68,14 +68,14 @@ def main():
             def run(mode, K, kernel=kernels[0]):
                 def f():
                     model.attention = (one_token, kernel)
-                    g = generate(model, prompts, args.max_new_tokens, params, mode=mode, mtp=mtp, draft_len=K,
+                    g = generate(model, prompts, args.max_new_tokens, params, mode=mode, draft=mtp, draft_len=K,
                                  seed=0, eos_ids=[])
                     return g.stats.tokens, g.stats
                 return f
             variants = {"ar": run("ar", 0), **{f"spec K={K}" + (f" {a}" if len(kernels) > 1 else ""): run("spec", K, a)
                                                for K in lens for a in kernels}}
             # warm-up; for "auto" this also probes (once per machine) the cost table of this batch size
-            generate(model, prompts, 4, params, mode="spec", mtp=mtp, draft_len="auto", eos_ids=[])
+            generate(model, prompts, 4, params, mode="spec", draft=mtp, draft_len="auto", eos_ids=[])
             res = interleave(variants, args.repeats)
             base = res["ar"][0]
             for name, (tps, secs, st) in res.items():
@@ -86,7 +86,7 @@ def main():
         n, mb = args.requests, args.max_batch
         prompts = [chat_ids(tok, t) for t in default_prompts(n)]
         seeds = [1_000_003 * 7 + i for i in range(n)]
-        kw = dict(mode=args.mode, mtp=mtp, draft_len=3)
+        kw = dict(mode=args.mode, draft=mtp, draft_len=3)
 
         def continuous():
             g = generate(model, prompts, args.max_new_tokens, params, seed=seeds, max_batch=mb, **kw)

@@ -40,7 +40,7 @@ def main():
     prompts = [chat_ids(tok, t) for t in load_prompts_file(args.prompts)]
     total = SpecStats()
     for i, prompt in enumerate(prompts):
-        s = generate(model, [prompt], args.max_new_tokens, SamplingParams(args.temperature), mode="spec", mtp=draft,
+        s = generate(model, [prompt], args.max_new_tokens, SamplingParams(args.temperature), mode="spec", draft=draft,
                      draft_len=args.draft_len, seed=args.seed + i).stats
         merge(total, s)
     with tempfile.TemporaryDirectory() as tmp:

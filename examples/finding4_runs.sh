@@ -20,7 +20,7 @@ for loss in ce kl kl+e2e-tv; do
   out=$W/draft-$loss
   [ -f $out.safetensors ] && [ "$(python3 -c "import json;print(json.load(open('$out.json'))['meta']['step'])")" = 400 ] && continue
   resume=; [ -d $out.ckpt ] && resume=--resume
-  $BEBOP train-mtp --model smollm2-135m --data $W/data --init bebop/checkpoints/smollm2-135m-mtp-v4 --loss $loss \
+  $BEBOP train-draft --model smollm2-135m --data $W/data --init bebop/checkpoints/smollm2-135m-mtp-v4 --loss $loss \
     --feature-layers 2,15,27 --features-dtype bfloat16 --draft-len 3 --steps 400 --batch-size 8 --learning-rate 3e-4 \
     --max-seq-len 384 --eval-every 400 --eval-sequences 120 --eval-prompts 8 --save-every 50 --seed 0 \
     --out $out $resume

@@ -1,5 +1,5 @@
 """Teacher-forced held-out acceptance (alpha per depth, E[A], per task kind) of MTP checkpoints on a make-data
-directory's held-out split, from the feature store that `train-mtp` keeps there (computed if missing).
+directory's held-out split, from the feature store that `train-draft` keeps there (computed if missing).
 
     python examples/mtp_heldout_eval.py --data runs/mtp8/data --eval-sequences 384 \
         bebop/checkpoints/smollm2-135m-mtp-v4 runs/mtp8/one-block runs/mtp8/eagle3
@@ -24,7 +24,7 @@ parser.add_argument("--eval-sequences", type=int, default=64)
 parser.add_argument("--max-seq-len", type=int, default=384)
 parser.add_argument("--draft-len", type=int, default=3)
 parser.add_argument("--features-dtype", default="bfloat16", choices=("float32", "bfloat16"),
-                    help="the dtype the store was computed in (train-mtp's choice), so that it is reused")
+                    help="the dtype the store was computed in (train-draft's choice), so that it is reused")
 args = parser.parse_args()
 
 model, _ = load_model(args.model, dtype="float32")

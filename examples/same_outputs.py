@@ -1,7 +1,7 @@
 """Record what a fixed set of bebop commands write, or check that the code still writes exactly that.
 
 A refactor must not change behaviour: for fixed seeds and a fixed draft length, `bebop generate` (ar, spec,
-spec-greedy at T=0 and T=1, with both shipped drafts), `make-data` + `train-mtp` (20 steps) and `rl` (3 steps,
+spec-greedy at T=0 and T=1, with both shipped drafts), `make-data` + `train-draft` (20 steps) and `rl` (3 steps,
 synchronous) must write the same bytes before and after. Timings, paths and random save ids are the only fields
 left out of the comparison; every token, log-probability, loss, reward and weight is compared exactly.
 
@@ -34,7 +34,7 @@ COMMANDS = {
        for draft in ("mtp", "eagle3") for mode in ("ar", "spec", "spec-greedy") for t in (0, 1)},
     "make-data": ["make-data", "--model", "smollm2-135m", "--num-samples", "8", "--heldout-samples", "4",
                   "--max-new-tokens", "32", "--draft-len", "3", "--seed", "1", "--out", str(WORK / "data")],
-    "train-mtp": ["train-mtp", "--model", "smollm2-135m", "--data", str(WORK / "data"), "--steps", "20",
+    "train-draft": ["train-draft", "--model", "smollm2-135m", "--data", str(WORK / "data"), "--steps", "20",
                   "--batch-size", "4", "--eval-every", "10", "--save-every", "10", "--eval-prompts", "2",
                   "--eval-sequences", "4", "--autocast", "off", "--features-dtype", "float32", "--seed", "0",
                   "--out", str(WORK / "draft")],

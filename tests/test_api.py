@@ -20,7 +20,7 @@ CLI_DEFAULTS = [
     ("generate", "dtype", lambda: default_of(bebop.load_model, "dtype")),
     ("generate", "mode", lambda: default_of(bebop.generate, "mode")),
     ("generate", "draft_len", lambda: default_of(bebop.generate, "draft_len")),
-    ("train-mtp", "autocast", lambda: bebop.TrainConfig().autocast),
+    ("train-draft", "autocast", lambda: bebop.TrainConfig().autocast),
 ]
 
 
@@ -30,7 +30,7 @@ def default_of(function, name):
 
 def subcommand_defaults(command: str) -> dict:
     from bebop.cli.parser import build_parser
-    extra = ["--out", "x", "--data", "x"] if command == "train-mtp" else []  # the options it requires
+    extra = ["--out", "x", "--data", "x"] if command == "train-draft" else []  # the options it requires
     return vars(build_parser().parse_args([command, *extra]))
 
 
@@ -47,7 +47,7 @@ def test_import_bebop_lists_the_api_without_importing_torch():
     out = run("import sys, bebop; print(bebop.__all__); print('torch' in sys.modules)").splitlines()
     assert out[1] == "False"
     for name in ("load_model", "load_draft", "new_draft", "default_draft", "generate", "SamplingParams",
-                 "TrainConfig", "train_mtp", "export_eagle3", "e2e_tv_loss", "RLConfig", "run_rl", "BebopRollout",
+                 "TrainConfig", "train_draft", "export_eagle3", "e2e_tv_loss", "RLConfig", "run_rl", "BebopRollout",
                  "check_exactness", "SpecStats"):
         assert f"'{name}'" in out[0]
 
@@ -84,7 +84,21 @@ def test_the_page_has_examples():
 
 def test_generate_by_default_is_speculative_and_asks_for_a_draft_it_was_not_given():
     model, _ = bebop.load_model("tiny-llama")
-    with pytest.raises(ValueError, match="needs a draft: pass mtp=.*mode='ar'"):
+    with pytest.raises(ValueError, match="needs a draft: pass draft=.*mode='ar'"):
         bebop.generate(model, [[1, 2, 3]], 4)
-    out = bebop.generate(model, [[1, 2, 3]], 4, mtp=bebop.new_draft(model), draft_len=2)
+    out = bebop.generate(model, [[1, 2, 3]], 4, draft=bebop.new_draft(model), draft_len=2)
     assert out.stats.drafted > 0
+
+
+def test_old_names_still_work_for_one_release_and_warn(monkeypatch):
+    """bebop.train_mtp is train_draft; generate(mtp=) is generate(draft=) and samples the same tokens."""
+    import bebop.training.train as train
+    monkeypatch.setattr(train, "train_draft", lambda *args, **kwargs: ("trained", args, kwargs))
+    with pytest.warns(DeprecationWarning, match="train_draft"):
+        assert bebop.train_mtp("model", "data", "out", cfg=None) == ("trained", ("model", "data", "out"), {"cfg": None})
+    model, _ = bebop.load_model("tiny-llama")
+    draft = bebop.new_draft(model)
+    new = bebop.generate(model, [[1, 2, 3]], 6, draft=draft, draft_len=2, seed=3)
+    with pytest.warns(DeprecationWarning, match=r"generate\(draft=\.\.\.\)"):
+        old = bebop.generate(model, [[1, 2, 3]], 6, mtp=draft, draft_len=2, seed=3)
+    assert old.rollouts[0].tokens == new.rollouts[0].tokens

@@ -1,4 +1,4 @@
-"""Checkpoints with one commit point: what is visible is always a complete checkpoint, and a `train-mtp` run
+"""Checkpoints with one commit point: what is visible is always a complete checkpoint, and a `train-draft` run
 killed with SIGKILL at random instants and resumed each time ends with exactly the weights of a run that was
 never interrupted.
 
@@ -103,7 +103,7 @@ def tiny_data(out: Path):
               batch_size=8, seed=0, model_name="tiny-llama")
 
 
-def child(argv):  # a forked process: the CLI exactly as `bebop train-mtp ...` runs it
+def child(argv):  # a forked process: the CLI exactly as `bebop train-draft ...` runs it
     sys.stderr = open(argv[argv.index("--out") + 1] + ".log", "a")  # kept for a failure's message
     import threading
 
@@ -139,7 +139,7 @@ def run(argv, kill_after=None) -> tuple[int | None, float | None]:
 
 
 def kill_and_resume(tmp: Path, kills: int, seed: int = 0, steps: int = 16) -> list[dict]:
-    """`kills` SIGKILLs at random instants of a train-mtp --save-every 1 run (start-up and resume included),
+    """`kills` SIGKILLs at random instants of a train-draft --save-every 1 run (start-up and resume included),
     each followed by --resume; then the final weights and metrics compared with an uninterrupted run.
     Returns one record per kill."""
     rng = random.Random(seed)
@@ -147,14 +147,14 @@ def kill_and_resume(tmp: Path, kills: int, seed: int = 0, steps: int = 16) -> li
     data = tmp / "data"
     tiny_data(data)
     t0 = time.time()
-    code, startup = run(["train-mtp", *args, "--data", str(data), "--out", str(tmp / "whole")])
+    code, startup = run(["train-draft", *args, "--data", str(data), "--out", str(tmp / "whole")])
     assert code == 0
     per_step = (time.time() - t0 - startup) / steps
     out = str(tmp / "killed")
     records, resume, step = [], [], 0
     while sum(r["killed"] for r in records) < kills:
         delay = rng.uniform(0, startup + (steps - step) * per_step)  # anywhere in what is left of the run
-        code, _ = run(["train-mtp", *args, "--data", str(data), "--out", out, *resume], kill_after=delay)
+        code, _ = run(["train-draft", *args, "--data", str(data), "--out", out, *resume], kill_after=delay)
         assert code in (None, 0), Path(out + ".log").read_text()[-2000:]
         ck = load_checkpoint(out + ".ckpt")
         records.append({"kill": len(records), "delay_s": round(delay, 3), "killed": code is None,
@@ -163,12 +163,12 @@ def kill_and_resume(tmp: Path, kills: int, seed: int = 0, steps: int = 16) -> li
         step, resume = (ck.step, ["--resume"]) if ck else (0, [])
         if step == steps:  # this run is done: check it, then start over to keep killing runs in progress
             if code is None:  # killed after its last checkpoint: a resume has nothing to train, only to finish
-                assert run(["train-mtp", *args, "--data", str(data), "--out", out, *resume])[0] == 0
+                assert run(["train-draft", *args, "--data", str(data), "--out", out, *resume])[0] == 0
             assert_same_as_uninterrupted(tmp / "whole", out, steps)
             for p in Path(out).parent.glob(Path(out).name + ".*"):
                 p.unlink() if p.is_file() else shutil.rmtree(p)
             resume, step = [], 0
-    assert run(["train-mtp", *args, "--data", str(data), "--out", out, *resume])[0] == 0, \
+    assert run(["train-draft", *args, "--data", str(data), "--out", out, *resume])[0] == 0, \
         Path(out + ".log").read_text()[-2000:]
     assert_same_as_uninterrupted(tmp / "whole", out, steps)
     return records

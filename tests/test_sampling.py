@@ -391,7 +391,7 @@ def test_tiny_temperature_rollouts_have_finite_logprobs_and_entropies(tiny_llama
 
     model, _ = tiny_llama
     for mode in ("ar", "spec"):
-        g = generate(model, [[1, 70, 71], [1, 80]], 6, SamplingParams(1e-40), mode=mode, mtp=new_mtp(model),
+        g = generate(model, [[1, 70, 71], [1, 80]], 6, SamplingParams(1e-40), mode=mode, draft=new_mtp(model),
                      draft_len=2, eos_ids=[])
         greedy = generate(model, [[1, 70, 71], [1, 80]], 6, SamplingParams(0), mode="ar", eos_ids=[])
         for r, ref in zip(g.rollouts, greedy.rollouts):

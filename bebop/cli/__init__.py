@@ -7,7 +7,7 @@ import sys
 
 from safetensors import SafetensorError
 
-from bebop.cli.parser import build_parser
+from bebop.cli.parser import DEPRECATED_COMMANDS, build_parser
 from bebop.engine.memory import retain_freed_memory
 from bebop.errors import BebopError
 
@@ -20,6 +20,8 @@ def command(args):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.command in DEPRECATED_COMMANDS:
+        print(f"bebop: deprecated: {args.command}: use {DEPRECATED_COMMANDS[args.command]}", file=sys.stderr)
     retain_freed_memory()  # this process runs the engine: decode steps reuse freed blocks (bebop.engine.memory)
     try:
         command(args)(args)

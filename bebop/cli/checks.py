@@ -145,7 +145,7 @@ def sampling_params(args):
 
 def parse_layers(text: str) -> tuple[int, ...]:
     """'2,15,-1' -> (2, 15, -1): layer indices of the target (negative: from the last), in the order given;
-    train-mtp checks them against the model."""
+    train-draft checks them against the model."""
     if not text.strip():
         return ()
     layers = []

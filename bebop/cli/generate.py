@@ -48,7 +48,7 @@ def cmd_generate(args):
         out.flush()
 
     try:
-        g = generate(model, prompts, args.max_new_tokens, params, mode=args.mode, mtp=mtp, draft_len=args.draft_len,
+        g = generate(model, prompts, args.max_new_tokens, params, mode=args.mode, draft=mtp, draft_len=args.draft_len,
                      seed=args.seed, progress=True, max_batch=args.max_batch, max_draft_len=args.max_draft_len,
                      on_finish=write)
     finally:
@@ -134,7 +134,7 @@ def cmd_export(args):
         draft = shipped_draft(model, Eagle3.arch)
         if draft is None:
             raise BebopError(f"no EAGLE-3 draft ships for '{args.model}': pass --draft (a checkpoint trained with "
-                             f"`bebop train-mtp --arch eagle3`, or an EAGLE-3 directory)")
+                             f"`bebop train-draft --kind eagle3`, or an EAGLE-3 directory)")
     out = export_eagle3(draft, args.out)
     print(f"wrote {out}/config.json, {out}/model.safetensors (EAGLE-3: vLLM speculative_config "
           f"{{\"method\": \"eagle3\", \"model\": \"{out}\"}}; SGLang --speculative-algorithm EAGLE3 "

@@ -8,7 +8,7 @@ from bebop.models.registry import load_model
 def no_trained_draft(name: str) -> str:
     """The error for a speculative run on a model that ships no trained draft: how to train one."""
     return (f"no trained draft for '{name}': train one with `bebop make-data --model {name} --out runs/data` then "
-            f"`bebop train-mtp --model {name} --data runs/data --out runs/draft` and pass --draft runs/draft "
+            f"`bebop train-draft --model {name} --data runs/data --out runs/draft` and pass --draft runs/draft "
             f"(or --draft random for an untrained, seeded random draft)")
 
 

@@ -7,7 +7,8 @@ One name per idea across commands (TRL's names where TRL has one, vLLM's where i
   --max-new-tokens           tokens generated per prompt (rl: --max-completion-length, per completion, as TRL)
   --num-samples              samples or sequences drawn; --num-prompts / --*-prompts count prompts
   --output                   a file written; --out a directory (or checkpoint prefix) written
-Old spellings stay accepted for one release as hidden aliases that print one "deprecated" line (deprecated()).
+Old spellings stay accepted for one release as hidden aliases that print one "deprecated" line (deprecated(),
+and DEPRECATED_COMMANDS for command names).
 """
 
 import argparse
@@ -21,9 +22,13 @@ from bebop.training.config import TrainConfig
 
 DESCRIPTION = """bebop: faster RL rollouts for small language models by speculative decoding. A small draft model
 proposes tokens and the policy verifies them exactly, so samples follow the policy's distribution. Train a draft
-for your model (make-data, train-mtp), generate or benchmark with it, and run GRPO with speculative rollouts (rl).
+for your model (make-data, train-draft), generate or benchmark with it, and run GRPO with speculative rollouts (rl).
 
 Every command checks its options before any model loads; bad input gets one error line and exit status 2."""
+
+
+# an old command name -> its name now; both run the same command
+DEPRECATED_COMMANDS = {"train-mtp": "train-draft"}
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -187,7 +192,7 @@ def add_train_args(p):
     p.add_argument("--seed", type=int, default=d.seed, help="random seed")
     p.add_argument("--eval-sequences", type=int, default=d.eval_sequences,
                    help="held-out sequences for teacher-forced acceptance")
-    p.add_argument("--arch", default=d.arch, choices=("mtp", "eagle3"),
+    p.add_argument("--kind", default=d.arch, choices=("mtp", "eagle3"),
                    help="the draft kind: mtp (DeepSeek-V3 layout, bebop's engine) or eagle3 (LlamaForCausalLMEagle3, "
                    "which vLLM and SGLang load: `bebop export`); eagle3 reads 3 target layers, by default vLLM's")
     p.add_argument("--mtp-layers", type=int, default=d.mtp_layers,
@@ -201,6 +206,7 @@ def add_train_args(p):
     p.add_argument("--autocast", default="auto", choices=("auto", "bf16", "off"),
                    help="bf16 autocast of training steps over fp32 weights (auto: if a probe finds it faster)")
     deprecated(p, "--lr", "--learning-rate")
+    deprecated(p, "--arch", "--kind")
 
 
 def build_parser():
@@ -280,14 +286,15 @@ def build_parser():
     add_sampling_args(p, draft_len=False)
     p.set_defaults(func="train:cmd_make_data")
 
-    p = sub.add_parser("train-mtp", help="train the MTP draft with ce, kl, tv, e2e-tv, lk or kl+e2e-tv")
+    p = sub.add_parser("train-draft", aliases=[old for old, new in DEPRECATED_COMMANDS.items() if new == "train-draft"],
+                       help="train a draft (EAGLE-3 or MTP) with ce, kl, tv, e2e-tv, lk or kl+e2e-tv")
     add_model_args(p, draft=False, dtype=False)
     add_train_args(p)
     p.add_argument("--loss", default=TrainConfig.loss, help="training loss: ce, kl, tv, e2e-tv, lk or kl+e2e-tv")
     p.add_argument("--out", required=True, help="checkpoint path prefix: OUT.safetensors, OUT.json, ...")
-    p.add_argument("--init", help="start from this MTP checkpoint")
+    p.add_argument("--init", help="start from this draft checkpoint")
     p.add_argument("--resume", action="store_true", help="continue from OUT's last checkpoint")
-    p.set_defaults(func="train:cmd_train_mtp")
+    p.set_defaults(func="train:cmd_train_draft")
 
     p = sub.add_parser("compare-losses", help="train one MTP per loss on the same budget and compare acceptance")
     add_model_args(p, draft=False, dtype=False)

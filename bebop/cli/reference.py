@@ -13,8 +13,12 @@ REGENERATE = "python -m bebop.cli.reference > docs/reference/cli.md"
 def leaf_commands(parser, prefix="bebop"):
     """(full command name, parser, one-line help) for every command, `analyze entropy` included."""
     sub = parser._subparsers._group_actions[0]
-    helps = {a.dest: a.help for a in sub._choices_actions}
+    helps = {a.dest.split(" (")[0]: a.help for a in sub._choices_actions}  # "name (alias)" when aliased
+    seen = set()  # an alias names the same parser again: its command is listed once, under its own name
     for name, p in sub.choices.items():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
         if p._subparsers is None:
             yield f"{prefix} {name}", p, helps.get(name, "")
         else:

@@ -17,7 +17,7 @@ from bebop.tasks import rewards, rl_tasks
 
 
 def trained_depth(draft, fallback: int) -> int:
-    """The K a draft was trained for (train-mtp's --draft-len, in its checkpoint's provenance), else `fallback`."""
+    """The K a draft was trained for (train-draft's --draft-len, in its checkpoint's provenance), else `fallback`."""
     return int(draft.config.meta.get("draft_len") or fallback)
 
 

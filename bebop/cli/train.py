@@ -1,4 +1,4 @@
-"""`bebop make-data`, `train-mtp` and `compare-losses`: self-distillation data and draft training."""
+"""`bebop make-data`, `train-draft` and `compare-losses`: self-distillation data and draft training."""
 
 import math
 import os
@@ -14,7 +14,7 @@ from bebop.studies.compare_losses import compare_losses
 from bebop.tasks import load_prompts_file, parse_mix
 from bebop.training.data import load_meta, load_split, make_data
 from bebop.training.losses import LOSSES
-from bebop.training.train import TrainConfig, has_checkpoint, paths, train_mtp
+from bebop.training.train import TrainConfig, has_checkpoint, paths, train_draft
 
 
 def cmd_make_data(args):
@@ -56,13 +56,13 @@ def train_config(args):
     return TrainConfig(loss=args.loss, draft_len=args.draft_len, steps=args.steps, batch_size=args.batch_size,
                        lr=args.learning_rate, draft_vocab=args.draft_vocab, eval_every=args.eval_every,
                        save_every=args.save_every, eval_prompts=args.eval_prompts, seed=args.seed,
-                       max_seq_len=args.max_seq_len, eval_sequences=args.eval_sequences, arch=args.arch,
+                       max_seq_len=args.max_seq_len, eval_sequences=args.eval_sequences, arch=args.kind,
                        mtp_layers=args.mtp_layers,
                        feature_layers=parse_layers(args.feature_layers),
                        features_dtype=args.features_dtype, autocast=args.autocast)
 
 
-def cmd_train_mtp(args):
+def cmd_train_draft(args):
     cfg = train_config(args)
     check_mtp_file(args.init, "--init")
     check_text(args.out, "--out")
@@ -76,7 +76,7 @@ def cmd_train_mtp(args):
         raise BebopError(f"{args.out} already holds a training run ({paths(args.out)[2]}); pass --resume to "
                          f"continue it, or choose another --out")
     model, _ = load_model(args.model, compile=args.compile, dtype="float32")
-    train_mtp(model, args.data, args.out, cfg, init=args.init, resume=args.resume,
+    train_draft(model, args.data, args.out, cfg, init=args.init, resume=args.resume,
               command="bebop " + " ".join(sys.argv[1:]))
     print(f"wrote {args.out}.safetensors and {args.out}.json", file=sys.stderr)
 

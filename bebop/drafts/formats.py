@@ -52,7 +52,7 @@ def export_eagle3(draft: Draft, out: str | Path) -> Path:
     """Write `draft` as an EAGLE-3 directory. A DeepSeek-layout MTP is refused: neither engine computes it."""
     if not isinstance(draft, Eagle3):
         raise BebopError("this draft is a DeepSeek-layout MTP (eh_proj over [embedding ; hidden], the target's head); "
-                         "vLLM and SGLang load EAGLE-3 drafts only: train one with `bebop train-mtp --arch eagle3`")
+                         "vLLM and SGLang load EAGLE-3 drafts only: train one with `bebop train-draft --kind eagle3`")
     target, c = draft.target, draft.target.cfg
     layers = list(draft.feature_layers)
     vocab = draft.vocab_ids.cpu()

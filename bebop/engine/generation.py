@@ -11,6 +11,7 @@ context K shrinks instead, so a request that fits the context never fails.
 """
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -79,7 +80,7 @@ def check_arguments(target: Decoder, prompts, max_new_tokens: int, mode: str, mt
         raise ValueError(f"got {len(seed)} seeds for {len(prompts)} prompts")
     spec = mode != "ar" and K_max > 0
     if spec and mtp is None:
-        raise ValueError(f"mode '{mode}' needs a draft: pass mtp= (e.g. bebop.default_draft(model)), or mode='ar' "
+        raise ValueError(f"mode '{mode}' needs a draft: pass draft= (e.g. bebop.default_draft(model)), or mode='ar' "
                          "for plain sampling")
     context = target.rope_cos.shape[0]
     need = max(len(p) for p in prompts) + max_new_tokens
@@ -187,26 +188,30 @@ def decode(d: Decoding, target: Decoder, mtp: Draft | None, params: SamplingPara
 
 @torch.inference_mode()
 def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams = SamplingParams(),
-             mode: str = "spec", mtp: Draft | None = None, draft_len: int | str = "auto", seed: int | list[int] = 0,
+             mode: str = "spec", draft: Draft | None = None, draft_len: int | str = "auto", seed: int | list[int] = 0,
              eos_ids: list[int] | None = None, trace: bool = False, progress: bool = False, *,
              max_batch: int | None = None, max_draft_len: int = DEFAULT_MAX_DRAFT_LEN,
-             on_finish: Callable[[int, Rollout], None] | None = None) -> Generation:
+             on_finish: Callable[[int, Rollout], None] | None = None, mtp: Draft | None = None) -> Generation:
     """Generate up to `max_new_tokens` per prompt (token-id lists). `eos_ids` stop a row (default: the
     model's); pass [] to ignore EOS (benchmarks). `seed` is one base seed or one seed per request.
-    mode: "spec" (the default, as on the command line; needs `mtp`, a draft: bebop.drafts.registry.default_draft
-    gives the model's shipped one), "spec-greedy" or "ar" (plain sampling, no draft).
+    mode: "spec" (the default, as on the command line; needs `draft`: bebop.drafts.registry.default_draft gives the
+    model's shipped one), "spec-greedy" or "ar" (plain sampling, no draft). `mtp=` is the old name of `draft=`.
     draft_len: K, or "auto" (K in 0..max_draft_len chosen every step by cost, bebop.engine.draft_len).
     max_batch: rows decoded at once (None: all requests); a finished row takes the next waiting request.
     on_finish(index, rollout) is called once per request as soon as it finishes.
     With a fixed K a request's tokens depend only on its prompt, seed and the settings; with "auto" only
     their distribution is fixed (the target's): the exact sample also depends on the K chosen per step."""
-    K_max, spec = check_arguments(target, prompts, max_new_tokens, mode, mtp, draft_len, seed, max_batch,
+    if mtp is not None:
+        warnings.warn("generate(mtp=...) is now generate(draft=...); mtp= goes in the next release",
+                      DeprecationWarning, stacklevel=2)
+        draft = mtp if draft is None else draft
+    K_max, spec = check_arguments(target, prompts, max_new_tokens, mode, draft, draft_len, seed, max_batch,
                                   max_draft_len)
-    mtp = mtp if spec else None
+    draft = draft if spec else None
     auto = spec and draft_len == "auto"
-    d = set_up(target, mtp, prompts, max_new_tokens, params, mode, K_max, auto, seed, eos_ids, max_batch,
+    d = set_up(target, draft, prompts, max_new_tokens, params, mode, K_max, auto, seed, eos_ids, max_batch,
                on_finish, progress)
-    traced = decode(d, target, mtp, params, mode == "spec-greedy", max_new_tokens, trace)
+    traced = decode(d, target, draft, params, mode == "spec-greedy", max_new_tokens, trace)
     if d.acceptance is not None:  # what the next generation starts from (RL rollouts: the same tasks again)
         d.costs.row_spread = d.acceptance.spread
     table = None

@@ -29,6 +29,7 @@ logging step.
 import os
 import tempfile
 import time
+import warnings
 
 import torch
 from trl.data_utils import is_conversational
@@ -89,8 +90,8 @@ class BebopRollout:
     model: a registry name (`smollm2-135m`, `tiny-llama`, ...), a local model directory, or a transformers model
     (its weights are copied; the trainer's model is the weight source at every sync anyway).
     mode: `spec` (default), `spec-greedy` or `ar`; draft_len: drafts per step, or "auto" (chosen every step by
-    cost, bebop.engine.draft_len); mtp: None (the model's shipped draft,
-    bebop.drafts.mtp.default_mtp, else a fresh seeded MTP), a checkpoint path, an EAGLE-3 directory or an MTP module.
+    cost, bebop.engine.draft_len); draft: None (the model's shipped trained draft, else a fresh seeded MTP:
+    bebop.drafts.registry.default_draft), a checkpoint path, an EAGLE-3 directory or a Draft (`mtp=` is its old name).
     dtype: None ("auto" for a name: bfloat16 where this machine runs it faster; the model's own dtype for a
     transformers model) or a dtype name as bebop.models.registry.load_model takes it.
     max_batch: at most this many rows decoding at once (continuous batching); None = all of the call's prompts.
@@ -101,8 +102,12 @@ class BebopRollout:
     place and checks that vLLM computes what they compute. The model must be a name or directory vLLM can load."""
 
     def __init__(self, model=DEFAULT_MODEL, mode: str = "spec", draft_len: int | str = "auto", dtype: str | None = None,
-                 mtp: str | Draft | None = None, max_batch: int | None = None, seed: int | None = None,
-                 progress: bool = False, backend: str = "bebop"):
+                 draft: str | Draft | None = None, max_batch: int | None = None, seed: int | None = None,
+                 progress: bool = False, backend: str = "bebop", *, mtp: str | Draft | None = None):
+        if mtp is not None:
+            warnings.warn("BebopRollout(mtp=...) is now BebopRollout(draft=...); mtp= goes in the next release",
+                          DeprecationWarning, stacklevel=2)
+            draft = mtp if draft is None else draft
         if mode not in MODES:
             raise BebopError(f"unknown mode '{mode}' (choose from {', '.join(MODES)})")
         if backend not in ("bebop", "vllm"):
@@ -132,12 +137,12 @@ class BebopRollout:
         self.mode, self.draft_len, self.max_batch, self.seed, self.progress = mode, draft_len, max_batch, seed, progress
         retain_freed_memory()  # this process will run the engine (bebop.engine.memory)
         self.mtp = None
-        if mode != "ar" and backend == "vllm" and mtp is None:
+        if mode != "ar" and backend == "vllm" and draft is None:
             self.mtp = shipped_draft(self.decoder, "eagle3")
             if self.mtp is None:
-                raise BebopError("backend='vllm' needs an EAGLE-3 draft (mtp=...): this model ships none")
+                raise BebopError("backend='vllm' needs an EAGLE-3 draft (draft=...): this model ships none")
         elif mode != "ar":
-            self.mtp = (mtp if isinstance(mtp, Draft) else load_draft(mtp, self.decoder) if mtp
+            self.mtp = (draft if isinstance(draft, Draft) else load_draft(draft, self.decoder) if draft
                         else default_draft(self.decoder))
         self.pairs = None  # built on the first sync, against the trainer's model
         self.synced_step = None
@@ -232,7 +237,7 @@ class BebopRollout:
         else:
             try:  # one engine call: continuous batching keeps at most max_batch rows decoding at once
                 g = generate(self.decoder, prompt_ids, trainer.max_completion_length, params, mode=self.mode,
-                             mtp=self.mtp, draft_len=self.draft_len, seed=seeds, eos_ids=list(trainer.eos_token_ids),
+                             draft=self.mtp, draft_len=self.draft_len, seed=seeds, eos_ids=list(trainer.eos_token_ids),
                              progress=self.progress, max_batch=self.max_batch)
             except ValueError as e:
                 raise BebopError(str(e)) from None

@@ -82,7 +82,7 @@ def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: li
         else:
             model.compiled = mode.endswith(COMPILED) if compared else loaded
             try:
-                g = generate(model, batch, max_new_tokens, params, mode=mode.removesuffix(COMPILED), mtp=mtp,
+                g = generate(model, batch, max_new_tokens, params, mode=mode.removesuffix(COMPILED), draft=mtp,
                              draft_len=draft_len, seed=seed + rep, eos_ids=eos_ids)
             finally:
                 model.compiled = loaded

@@ -11,14 +11,14 @@ from bebop.training.data import load_split
 from bebop.engine.generation import generate
 from bebop.drafts.registry import load_draft
 from bebop.sampling import SamplingParams
-from bebop.training.train import TrainConfig, has_checkpoint, train_mtp
+from bebop.training.train import TrainConfig, has_checkpoint, train_draft
 
 
 def evaluate_mtp(target, mtp, prompts, temperatures, draft_len, max_new_tokens, seed=0) -> list[dict]:
     rows = []
     for T in temperatures:
         for mode in ("spec", "spec-greedy"):
-            s = generate(target, prompts, max_new_tokens, SamplingParams(T), mode=mode, mtp=mtp, draft_len=draft_len,
+            s = generate(target, prompts, max_new_tokens, SamplingParams(T), mode=mode, draft=mtp, draft_len=draft_len,
                          seed=seed).stats
             rows.append({"temperature": T, "mode": mode, "acceptance_rate": s.acceptance_rate,
                          "mean_acceptance_length": s.mean_acceptance_length,
@@ -34,7 +34,7 @@ def compare_losses(target, data_dir, loss_names, cfg: TrainConfig, out_dir, temp
     results, teacher_forced = [], {}
     for name in loss_names:
         ckpt = out / f"mtp-{name}"
-        train_mtp(target, data_dir, ckpt, replace(cfg, loss=name), resume=has_checkpoint(ckpt))
+        train_draft(target, data_dir, ckpt, replace(cfg, loss=name), resume=has_checkpoint(ckpt))
         done = out / f"eval-{name}.json"  # evaluations are kept too, so a rerun only does what is missing
         saved = json.loads(done.read_text()) if done.exists() else {}
         # as JSON stores them (tuples become lists), or a saved evaluation never matches

@@ -52,7 +52,7 @@ def check_exactness(model, draft, prompt: list[int], params: SamplingParams, mod
     """Samples of the first `tokens` tokens after `prompt`, with `mode` and plainly, and the tests above.
     Returns {"tests": [{"test", "p_value"}], "alpha", "passed", "acceptance_rate", ...}."""
     def rows(mode, seed):
-        g = generate(model, [prompt] * samples, tokens, params, mode=mode, mtp=draft if mode != "ar" else None,
+        g = generate(model, [prompt] * samples, tokens, params, mode=mode, draft=draft if mode != "ar" else None,
                      draft_len=draft_len, seed=seed, eos_ids=[], max_batch=max_batch)
         return np.array([r.tokens for r in g.rollouts]), g.stats
 

@@ -1,4 +1,4 @@
-"""`bebop train-mtp`'s settings, with their defaults in one place (the command line reads them from here). No
+"""`bebop train-draft`'s settings, with their defaults in one place (the command line reads them from here). No
 torch: the parser imports it to build --help."""
 
 from dataclasses import dataclass

@@ -1,6 +1,6 @@
-"""`bebop train-mtp`: train the draft (an MTP or EAGLE-3 head) before RL, on the target's own samples.
+"""`bebop train-draft`: train the draft (an MTP or EAGLE-3 head) before RL, on the target's own samples.
 
-Read top to bottom (`train_mtp`): check the settings against the target and the data -> resume a checkpoint of
+Read top to bottom (`train_draft`): check the settings against the target and the data -> resume a checkpoint of
 the very same run, or build a fresh draft -> the target's features (one target forward per sequence, stored
 on disk by bebop.training.features: the target is frozen, so its hidden states never change) -> steps: the
 draft unrolled K depths on its own hidden states, exactly as at inference (bebop.training.targets), a loss
@@ -19,6 +19,7 @@ import json
 import math
 import random
 import time
+import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -79,7 +80,7 @@ def teacher_forced_eval(mtp, feats: TargetFeatures, K, T, batch_size=8) -> dict:
 def spec_eval(mtp, rows, K, T, n_prompts, max_new_tokens, seed=0) -> dict:
     """Real speculative acceptance from the engine on held-out prompts."""
     prompts = [r["prompt_ids"] for r in rows[:n_prompts]]
-    g = generate(mtp.target, prompts, max_new_tokens, SamplingParams(T), mode="spec", mtp=mtp, draft_len=K, seed=seed)
+    g = generate(mtp.target, prompts, max_new_tokens, SamplingParams(T), mode="spec", draft=mtp, draft_len=K, seed=seed)
     s = g.stats
     return {"spec_acceptance_rate": s.acceptance_rate, "spec_mean_acceptance_length": s.mean_acceptance_length,
             "spec_per_position_acceptance": s.per_position_acceptance}
@@ -94,7 +95,7 @@ def paths(out):
 
 
 def feature_store(data_dir, split: str, target, T: float, max_seq_len: int) -> Path:
-    """Where train-mtp keeps the target's features of a split (bebop.training.features): inside the data directory, so
+    """Where train-draft keeps the target's features of a split (bebop.training.features): inside the data directory, so
     every run on that data (other losses, capacity options, resumes) shares them."""
     name = f"features-{split}-{target.name or 'model'}-T{T:g}-L{max_seq_len}".replace("/", "_")
     return Path(data_dir) / name
@@ -117,13 +118,13 @@ def check_settings(target, cfg: TrainConfig) -> tuple[int, ...]:
         raise BebopError(f"--feature-layers {list(cfg.feature_layers)}: a layer is given twice")
     feature_layers = tuple(i % n_layers for i in cfg.feature_layers)
     if cfg.arch not in ("mtp", "eagle3"):
-        raise BebopError(f"unknown --arch '{cfg.arch}' (choose from mtp, eagle3)")
+        raise BebopError(f"unknown --kind '{cfg.arch}' (choose from mtp, eagle3)")
     if cfg.arch == "eagle3":
         if cfg.mtp_layers != 1:
-            raise BebopError("--arch eagle3 has one decoder layer: --mtp-layers must be 1")
+            raise BebopError("--kind eagle3 has one decoder layer: --mtp-layers must be 1")
         feature_layers = feature_layers or tuple(default_feature_layers(n_layers))
         if len(feature_layers) != N_FEATURE_LAYERS:
-            raise BebopError(f"--arch eagle3 reads {N_FEATURE_LAYERS} target layers, got --feature-layers "
+            raise BebopError(f"--kind eagle3 reads {N_FEATURE_LAYERS} target layers, got --feature-layers "
                              f"{list(cfg.feature_layers)}")
         feature_layers = tuple(sorted(feature_layers))  # the engines concatenate them in layer order
     if cfg.mtp_layers > n_layers:
@@ -179,7 +180,7 @@ def build_draft(target, cfg: TrainConfig, init: str | None, feature_layers: tupl
     if init and (mtp.arch, mtp.config.layers, tuple(mtp.feature_layers)) != (cfg.arch, cfg.mtp_layers, feature_layers):
         raise BebopError(f"--init {init} is an {mtp.arch} draft with "
                          f"{mtp.config.layers} layer(s) and feature layers {list(mtp.feature_layers) or 'none'}; "
-                         f"pass the same --arch, --mtp-layers and --feature-layers")
+                         f"pass the same --kind, --mtp-layers and --feature-layers")
     if cfg.draft_vocab:
         mtp.set_draft_vocab(frequent_tokens(train_rows, cfg.draft_vocab, always=target.eos_ids))
     return mtp
@@ -315,8 +316,8 @@ def start_run(target, data_dir, out, cfg: TrainConfig, init: str | None, resume:
     return run, start_step, T, train_feats, eval_feats, heldout_rows, len(train_rows)
 
 
-def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, resume: bool = False,
-              progress: bool = True, command: str | None = None) -> Draft:
+def train_draft(target, data_dir, out, cfg: TrainConfig, init: str | None = None, resume: bool = False,
+                progress: bool = True, command: str | None = None) -> Draft:
     """Train a draft for `target` on a make-data directory. `resume`: continue OUT's last checkpoint (an error
     if there is none, or if it was made with other data, settings, model or init); without it, an existing
     checkpoint at OUT is an error too, so nothing made earlier is overwritten silently."""
@@ -324,7 +325,7 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
         target, data_dir, out, cfg, init, resume, command, progress)
     _, _, ckpt_dir, metrics_path = paths(out)
     log = open(metrics_path, "a")
-    bar = tqdm(total=cfg.steps, initial=start_step, desc=f"train-mtp {cfg.loss}", disable=not progress)
+    bar = tqdm(total=cfg.steps, initial=start_step, desc=f"train-draft {cfg.loss}", disable=not progress)
     started = time.time()
     for step in range(start_step, cfg.steps):
         row = train_step(run, cfg, train_feats, n_rows, T, step, started)
@@ -341,3 +342,10 @@ def train_mtp(target, data_dir, out, cfg: TrainConfig, init: str | None = None, 
     if start_step == cfg.steps:  # resumed a finished run: its user-facing copy may predate the last checkpoint
         run.mtp.save(out, **run.provenance, step=cfg.steps)
     return run.mtp.eval()
+
+
+def train_mtp(*args, **kwargs) -> Draft:
+    """The old name of train_draft, for one release."""
+    warnings.warn("bebop.train_mtp is now bebop.train_draft; the old name goes in the next release",
+                  DeprecationWarning, stacklevel=2)
+    return train_draft(*args, **kwargs)

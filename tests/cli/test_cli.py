@@ -89,9 +89,9 @@ def test_bad_input_is_one_clear_line(tmp_path, capsys):
     assert "does not fit" in run_error(capsys, base + ["--draft", str(tmp_path / "qwen-mtp")])
     assert "values >= 1" in run_error(capsys, ["bench", "--model", "tiny-llama", "--batch-sizes", "0"])
     assert "unknown mode" in run_error(capsys, ["bench", "--model", "tiny-llama", "--modes", "ar,fast"])
-    assert "no meta.json" in run_error(capsys, ["train-mtp", "--model", "tiny-llama", "--data", str(tmp_path),
+    assert "no meta.json" in run_error(capsys, ["train-draft", "--model", "tiny-llama", "--data", str(tmp_path),
                                                   "--out", str(tmp_path / "m")])
-    assert "unknown loss" in run_error(capsys, ["train-mtp", "--model", "tiny-llama", "--data", str(tmp_path),
+    assert "unknown loss" in run_error(capsys, ["train-draft", "--model", "tiny-llama", "--data", str(tmp_path),
                                                 "--loss", "mse", "--out", str(tmp_path / "m")])
 
 
@@ -147,7 +147,7 @@ def bad(tmp_path_factory, tiny_llama, tiny_qwen3):
 GEN = ["generate", "--model", "tiny-llama", "--draft", "random", "--prompt", "hi", "--max-new-tokens", "2"]
 BENCH = ["bench", "--model", "tiny-llama", "--draft", "random", "--max-new-tokens", "2", "--repeats", "1"]
 DATA = ["make-data", "--model", "tiny-llama", "--num-samples", "2", "--heldout-samples", "1", "--out", "{d}/newdata"]
-TRAIN = ["train-mtp", "--model", "tiny-llama", "--data", "{d}/data", "--steps", "2", "--out", "{d}/m"]
+TRAIN = ["train-draft", "--model", "tiny-llama", "--data", "{d}/data", "--steps", "2", "--out", "{d}/m"]
 CMP = ["compare-losses", "--model", "tiny-llama", "--data", "{d}/data", "--steps", "2", "--out", "{d}/cmp"]
 ENT = ["analyze", "entropy", "--model", "tiny-llama", "--draft", "random", "--num-prompts", "1", "--out", "{d}/ent"]
 SWEEP = [  # (arguments, what the one line must say)
@@ -256,13 +256,13 @@ SWEEP = [  # (arguments, what the one line must say)
     (TRAIN + ["--data", "{d}/data_strings"], "train.jsonl:1: not a make-data record"),
     (TRAIN + ["--data", "{d}/data_beyond_vocab"], "token ids beyond the vocabulary"),
     (TRAIN + ["--init", "{d}/missing"], "--init"),
-    (TRAIN + ["--draft", "{d}/missing"], "unrecognized arguments: --draft"),  # train-mtp trains a draft; it reads none
+    (TRAIN + ["--draft", "{d}/missing"], "unrecognized arguments: --draft"),  # train-draft trains a draft; it reads none
     (TRAIN + ["--out", "{d}/adir"], "is a directory; --out is a path prefix"),
     (TRAIN + ["--out", "{d}/afile/m"], "is a file, not a directory"),
     (TRAIN + ["--resume"], "nothing to resume"),
     (TRAIN + ["--out", "{d}/started"], "already holds a training run"),
     (TRAIN + ["--max-seq-len", "5000"], "exceeds the context"),
-    (["train-mtp", "--model", "tiny-llama", "--out", "{d}/m"], "required: --data"),
+    (["train-draft", "--model", "tiny-llama", "--out", "{d}/m"], "required: --data"),
     (CMP + ["--losses", "ce,foo"], "unknown loss(es) ['foo']"),
     (CMP + ["--losses", ","], "unknown loss(es)"),
     (CMP + ["--final-eval-prompts", "0"], "--final-eval-prompts must be >= 1"),
@@ -284,9 +284,9 @@ SWEEP = [  # (arguments, what the one line must say)
     (ENT + ["--draft", "{d}/missing"], "no MTP checkpoint there"),
     (ENT + ["--prompts", "{d}/badjson.jsonl"], "badjson.jsonl:2"),
     (ENT + ["--max-new-tokens", "5000"], "exceeds the context"),
-    (TRAIN + ["--arch", "eagle3", "--mtp-layers", "2"], "--mtp-layers must be 1"),
-    (TRAIN + ["--arch", "eagle3", "--feature-layers", "0,1"], "reads 3 target layers"),
-    (TRAIN + ["--arch", "medusa"], "invalid choice"),
+    (TRAIN + ["--kind", "eagle3", "--mtp-layers", "2"], "--mtp-layers must be 1"),
+    (TRAIN + ["--kind", "eagle3", "--feature-layers", "0,1"], "reads 3 target layers"),
+    (TRAIN + ["--kind", "medusa"], "invalid choice"),
     (["export", "--model", "tiny-llama", "--out", "{d}/e"], "no EAGLE-3 draft ships"),
     (["export", "--model", "tiny-llama", "--draft", "random", "--out", "{d}/e"], "DeepSeek-layout MTP"),
     (["export", "--model", "tiny-llama", "--draft", "{d}/missing", "--out", "{d}/e"], "no MTP checkpoint there"),

@@ -22,7 +22,7 @@ def test_version_prints_the_package_version():
 def test_top_help_says_what_bebop_is_and_lists_commands():
     text = build_parser().format_help()
     assert "speculative decoding" in text
-    for name in ("generate", "bench", "make-data", "train-mtp", "rl", "report"):
+    for name in ("generate", "bench", "make-data", "train-draft", "rl", "report"):
         assert f"    {name}" in text
 
 
@@ -33,7 +33,7 @@ def test_help_imports_no_torch():
     assert done.returncode == 0, done.stderr
 
 
-@pytest.mark.parametrize("command", ["generate", "bench", "rl", "train-mtp", "make-data"])
+@pytest.mark.parametrize("command", ["generate", "bench", "rl", "train-draft", "make-data"])
 def test_command_help_shows_defaults(command):
     sub = build_parser()._subparsers._group_actions[0].choices[command]
     text = " ".join(sub.format_help().split())
@@ -41,7 +41,8 @@ def test_command_help_shows_defaults(command):
 
 
 @pytest.mark.parametrize("argv, old, new, dest, value", [
-    (["train-mtp", "--data", "d", "--out", "o"], "--lr", "--learning-rate", "learning_rate", 0.5),
+    (["train-draft", "--data", "d", "--out", "o"], "--lr", "--learning-rate", "learning_rate", 0.5),
+    (["train-draft", "--data", "d", "--out", "o"], "--arch", "--kind", "kind", "eagle3"),
     (["generate"], "--mtp", "--draft", "mtp", "random"),
     (["rl", "--out", "o"], "--mtp", "--draft", "mtp", "random"),
     (["bench"], "--json", "--output", "output", "r.json"),
@@ -72,10 +73,21 @@ def test_spec_without_a_trained_draft_says_how_to_train_one(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("bebop: error: no trained draft for 'tiny-llama'") and "\n" not in err
-    assert "bebop make-data" in err and "bebop train-mtp" in err and "--draft random" in err
+    assert "bebop make-data" in err and "bebop train-draft" in err and "--draft random" in err
 
 
 def test_plain_mode_needs_no_trained_draft(capsys):
     from bebop.cli import main
     main(["generate", "--model", "tiny-llama", "--prompt", "hi", "--max-new-tokens", "2", "--mode", "ar"])
     assert capsys.readouterr().out.strip()
+
+
+def test_the_old_command_name_runs_the_same_command_and_warns(capsys, tmp_path):
+    """`bebop train-mtp` is `bebop train-draft`, with one line saying so (here it stops at the missing data)."""
+    from bebop.cli import main
+    for name in ("train-mtp", "train-draft"):
+        with pytest.raises(SystemExit):
+            main([name, "--model", "tiny-llama", "--data", str(tmp_path), "--out", str(tmp_path / "m")])
+        err = capsys.readouterr().err
+        assert "no meta.json" in err
+        assert ("bebop: deprecated: train-mtp: use train-draft" in err) == (name == "train-mtp")

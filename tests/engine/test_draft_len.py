@@ -189,16 +189,16 @@ def test_generate_with_auto_draft_len(tiny_qwen3, tmp_path, monkeypatch):
     model, tok = tiny_qwen3
     monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
     prompts = [chat_ids(tok, t) for t in ["hello", "What is 2+2?"]]
-    gen = generate(model, prompts, 20, mode="spec", mtp=new_mtp(model, 0), draft_len="auto", max_draft_len=3,
+    gen = generate(model, prompts, 20, mode="spec", draft=new_mtp(model, 0), draft_len="auto", max_draft_len=3,
                    seed=1, eos_ids=[])
     assert all(len(r.tokens) == 20 for r in gen.rollouts)
     st = gen.stats
     assert st.draft_len == 3 and len(st.accepted_at) == 3 and st.drafted <= 3 * st.steps
     assert st.steps == 0 or 0 < st.mean_draft_len <= 3
     with pytest.raises(ValueError):
-        generate(model, prompts, 4, mode="spec", mtp=new_mtp(model, 0), draft_len="auto", max_draft_len=-1)
+        generate(model, prompts, 4, mode="spec", draft=new_mtp(model, 0), draft_len="auto", max_draft_len=-1)
     with pytest.raises(ValueError):
-        generate(model, prompts, 4, mode="spec", mtp=new_mtp(model, 0), draft_len="sometimes")
+        generate(model, prompts, 4, mode="spec", draft=new_mtp(model, 0), draft_len="sometimes")
 
 
 def test_step_costs_are_corrected_by_measured_steps(monkeypatch):
@@ -294,11 +294,11 @@ def test_step_costs_are_kept_across_generate_calls(tiny_llama, tmp_path, monkeyp
     monkeypatch.setattr(autodraft.StepCosts, "wants_baseline",
                         lambda self, batch: plain_steps.append(real(self, batch)) or plain_steps[-1])
     prompts = [chat_ids(tok, "hello")] * 2
-    generate(model, prompts, 8, mode="spec", mtp=mtp, draft_len="auto", max_draft_len=2, eos_ids=[])
+    generate(model, prompts, 8, mode="spec", draft=mtp, draft_len="auto", max_draft_len=2, eos_ids=[])
     first = autodraft.step_costs_for(model, mtp, 2)
     assert plain_steps.count(True) == 2 and first.measured[(2, 0)][1] >= 2  # two forced plain steps, measured
     plain_steps.clear()
-    generate(model, prompts, 8, mode="spec", mtp=mtp, draft_len="auto", max_draft_len=2, eos_ids=[])
+    generate(model, prompts, 8, mode="spec", draft=mtp, draft_len="auto", max_draft_len=2, eos_ids=[])
     assert plain_steps and not any(plain_steps) and autodraft.step_costs_for(model, mtp, 2) is first
     assert autodraft.step_costs_for(model, mtp, 3) is not first  # another max K: its own costs
     other = copy.deepcopy(model)

@@ -76,7 +76,7 @@ def test_ar_matches_exact_distribution(sharp):
 @pytest.mark.parametrize("mode", ["spec", "spec-greedy"])
 def test_spec_matches_exact_distribution_and_ar(sharp, mode):
     model, mtp, prompt, exact, ar = sharp
-    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode=mode, mtp=mtp, draft_len=2, seed=12, eos_ids=[],
+    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode=mode, draft=mtp, draft_len=2, seed=12, eos_ids=[],
                    trace=True)
     # the case exercises both acceptance and rejection, with a draft clearly unlike the target
     assert 0.2 < gen.stats.acceptance_rate < 0.9
@@ -102,7 +102,7 @@ def test_spec_with_a_two_block_eagle3_mtp_matches_exact_distribution(sharp):
     blocks (two KV cache layers): still the target's distribution."""
     model, _, prompt, exact, ar = sharp
     mtp = new_mtp(model, seed=2, layers=2, feature_layers=(0, 1))
-    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode="spec", mtp=mtp, draft_len=2, seed=13, eos_ids=[])
+    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode="spec", draft=mtp, draft_len=2, seed=13, eos_ids=[])
     assert 0.05 < gen.stats.acceptance_rate < 0.95  # both acceptance and rejection happen
     toks = token_matrix(gen)
     for j in range(3):
@@ -116,7 +116,7 @@ def test_spec_with_an_eagle3_draft_matches_exact_distribution(sharp, mode):
     model, _, prompt, exact, ar = sharp
     draft = new_eagle3(model, seed=4)
     draft.set_draft_vocab(torch.arange(0, model.cfg.vocab_size, 2))
-    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode=mode, mtp=draft, draft_len=2, seed=14, eos_ids=[])
+    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode=mode, draft=draft, draft_len=2, seed=14, eos_ids=[])
     assert 0.05 < gen.stats.acceptance_rate < 0.95  # both acceptance and rejection happen
     assert_exact_and_like_ar(model, gen, exact, ar, f"eagle3 {mode}")
 
@@ -131,7 +131,7 @@ def test_spec_on_the_compiled_step_matches_exact_distribution_and_ar(sharp):
     toks = token_matrix(ar)
     for j in range(3):
         assert gof(toks[:, j], exact[j]) > P_OK, f"compiled ar token {j}"
-    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode="spec", mtp=mtp, draft_len=2, seed=15, eos_ids=[])
+    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode="spec", draft=mtp, draft_len=2, seed=15, eos_ids=[])
     assert 0.2 < gen.stats.acceptance_rate < 0.9
     assert_exact_and_like_ar(model, gen, exact, ar, "compiled spec")
 
@@ -152,7 +152,7 @@ def test_spec_on_fast_bf16_linears_matches_ar(sharp, kind):
     model.linear = kind
     mtp, prompt = agreeable_mtp(model), sharp[2]
     ar = generate(model, [prompt] * ROWS, 3, SHARP, mode="ar", seed=21, eos_ids=[])
-    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode="spec", mtp=mtp, draft_len=2, seed=22, eos_ids=[])
+    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode="spec", draft=mtp, draft_len=2, seed=22, eos_ids=[])
     assert 0.2 < gen.stats.acceptance_rate < 0.9  # both acceptance and rejection happen
     assert set(model.layers[0].w13.__dict__["_packed"]) == {k for _, k in linear_rows(kind)}  # what ran
     toks, ref = token_matrix(gen), token_matrix(ar)
@@ -180,7 +180,7 @@ def test_spec_on_paged_attention_matches_ar(vllm_model_dir):
     model.attention = ("paged", "paged")
     mtp = agreeable_mtp(model)
     ar = token_matrix(generate(model, [prompt] * ROWS, 3, SHARP, mode="ar", seed=32, eos_ids=[]))
-    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode="spec", mtp=mtp, draft_len=2, seed=33, eos_ids=[])
+    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode="spec", draft=mtp, draft_len=2, seed=33, eos_ids=[])
     assert 0.05 < gen.stats.acceptance_rate < 0.95  # both acceptance and rejection happen
     toks = token_matrix(gen)
     pairs = lambda t: t[:, 1] * model.cfg.vocab_size + t[:, 2]  # noqa: E731
@@ -196,7 +196,7 @@ def test_exactness_check_catches_a_wrong_residual(sharp, mode, monkeypatch):
     """An engine that resamples from p (not norm(max(p - q, 0))) after a rejection must fail the check."""
     model, mtp, prompt, exact, _ = sharp
     monkeypatch.setattr(sampling, "residual", lambda p, q, vocab_ids=None: p)
-    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode=mode, mtp=mtp, draft_len=2, seed=13, eos_ids=[])
+    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode=mode, draft=mtp, draft_len=2, seed=13, eos_ids=[])
     toks = token_matrix(gen)
     assert min(gof(toks[:, j], exact[j]) for j in range(3)) < P_BAD
 
@@ -211,7 +211,7 @@ def test_exactness_check_catches_unverified_drafts(sharp, monkeypatch):
         return torch.cat([draft_tokens, bonus[:, None]], 1), torch.full((B,), K)
 
     monkeypatch.setattr(step, "rejection_sample_uniform", accept_all)
-    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode="spec", mtp=mtp, draft_len=2, seed=14, eos_ids=[])
+    gen = generate(model, [prompt] * ROWS, 3, SHARP, mode="spec", draft=mtp, draft_len=2, seed=14, eos_ids=[])
     toks, ref = token_matrix(gen), token_matrix(ar)
     assert two_sample(toks[:, 1], ref[:, 1]) < P_BAD
     assert gof(toks[:, 1], exact[1]) < P_BAD
@@ -236,7 +236,7 @@ def test_temperature_zero_equals_ar_tiny(name, compiled, request):
     for mtp in [new_mtp(model, 1), agreeable_mtp(model, 1.0, 0.0), new_eagle3(model, 1)]:
         for mode in ["spec", "spec-greedy"]:
             for K in [1, 3]:
-                gen = generate(model, prompts, 24, greedy, mode=mode, mtp=mtp, draft_len=K, seed=5, eos_ids=[])
+                gen = generate(model, prompts, 24, greedy, mode=mode, draft=mtp, draft_len=K, seed=5, eos_ids=[])
                 for i, (a, b) in enumerate(zip(ar.rollouts, gen.rollouts)):
                     assert b.tokens == a.tokens, f"{name} {mode} K={K} row {i}"
                     assert b.logprobs == [0.0] * 24
@@ -244,7 +244,7 @@ def test_temperature_zero_equals_ar_tiny(name, compiled, request):
                 rejected += gen.stats.drafted - gen.stats.accepted
     assert accepted > 0 and rejected > 0  # both the multi-token and the correction path ran
     if name == "tiny-qwen3":  # its greedy output is not degenerate: acceptance lengths vary
-        gen = generate(model, prompts, 24, greedy, mode="spec", mtp=agreeable_mtp(model, 1.0, 0.0), draft_len=3,
+        gen = generate(model, prompts, 24, greedy, mode="spec", draft=agreeable_mtp(model, 1.0, 0.0), draft_len=3,
                        seed=5, eos_ids=[])
         ppa = gen.stats.per_position_acceptance
         assert 0 < ppa[1] < ppa[0] < 1
@@ -263,7 +263,7 @@ def test_temperature_zero_equals_ar_smollm2(smollm2):
     cases = [(new_mtp(model, 0), "spec", 24), (new_mtp(model, 0), "spec-greedy", 12), (default_mtp(model), "spec", 24),
              (shipped_draft(model, "mtp"), "spec", 24)]
     for mtp, mode, n in cases:  # (at temperature 0 the modes differ little: keep it short)
-        gen = generate(model, prompts, n, greedy, mode=mode, mtp=mtp, draft_len=3, seed=1, eos_ids=[])
+        gen = generate(model, prompts, n, greedy, mode=mode, draft=mtp, draft_len=3, seed=1, eos_ids=[])
         for i, (a, b) in enumerate(zip(ar.rollouts, gen.rollouts)):
             assert b.tokens == a.tokens[:n], f"{mode} row {i}: {tok.decode(b.tokens)!r} vs {tok.decode(a.tokens)!r}"
         assert gen.stats.drafted == 3 * gen.stats.steps > 0
@@ -286,7 +286,7 @@ def test_rows_are_independent_of_the_batch(warm, mode, compiled):
     texts = TEXTS + ["x", "Explain, in detail, how rejection sampling keeps the output distribution exact."]
     prompts = [chat_ids(tok, t) for t in texts]
     seeds = [101, 7, 55, 3, 1234]
-    kw = dict(params=SamplingParams(temperature=1.0), mode=mode, mtp=mtp, draft_len=3)
+    kw = dict(params=SamplingParams(temperature=1.0), mode=mode, draft=mtp, draft_len=3)
     free = generate(model, prompts, 16, seed=seeds, eos_ids=[], **kw)
     kw["eos_ids"] = np.argsort(np.bincount(token_matrix(free).ravel()))[-6:].tolist()  # rows stop at various steps
     batch = generate(model, prompts, 16, seed=seeds, **kw)
@@ -335,7 +335,7 @@ def test_rows_stop_at_eos_and_length(warm, mode, monkeypatch):
     model, mtp, tok = warm
     prompts = [chat_ids(tok, t) for t in TEXTS] * 4
     seed, K, limit = 3, 3, 14
-    kw = dict(params=SamplingParams(), mode=mode, mtp=mtp, draft_len=K, seed=seed)
+    kw = dict(params=SamplingParams(), mode=mode, draft=mtp, draft_len=K, seed=seed)
     free = generate(model, prompts, limit, eos_ids=[], **kw)
     assert all(len(r.tokens) == limit and r.stop_reason == "length" for r in free.rollouts)
     check_stats(free, K, mode != "ar")
@@ -369,9 +369,9 @@ def test_argument_validation(warm):
     with pytest.raises(ValueError):
         generate(model, prompt, 4, mode="spec", draft_len=3)  # no MTP
     with pytest.raises(ValueError):
-        generate(model, prompt, 4, mode="spec", mtp=mtp, draft_len=-1)
+        generate(model, prompt, 4, mode="spec", draft=mtp, draft_len=-1)
     # draft length 0 is plain decoding
-    a = generate(model, prompt, 6, mode="spec", mtp=mtp, draft_len=0, seed=4, eos_ids=[])
+    a = generate(model, prompt, 6, mode="spec", draft=mtp, draft_len=0, seed=4, eos_ids=[])
     b = generate(model, prompt, 6, mode="ar", seed=4, eos_ids=[])
     assert a.rollouts[0].tokens == b.rollouts[0].tokens and a.stats.steps == 0
 
@@ -385,7 +385,7 @@ def test_argument_validation(warm):
 def test_logprobs_match_an_independent_forward(warm, mode, params):
     model, mtp, tok = warm
     prompts = [chat_ids(tok, t) for t in TEXTS]
-    gen = generate(model, prompts, 12, params, mode=mode, mtp=mtp, draft_len=3, seed=21, eos_ids=[])
+    gen = generate(model, prompts, 12, params, mode=mode, draft=mtp, draft_len=3, seed=21, eos_ids=[])
     for prompt, r in zip(prompts, gen.rollouts):
         seq = torch.tensor([prompt + r.tokens])
         with torch.no_grad():
@@ -406,7 +406,7 @@ def test_trace_columns(warm, mode):
     model, mtp, tok = warm
     prompts = [chat_ids(tok, t) for t in TEXTS] * 4
     K = 3
-    gen = generate(model, prompts, 20, SamplingParams(), mode=mode, mtp=mtp, draft_len=K, seed=8, eos_ids=[],
+    gen = generate(model, prompts, 20, SamplingParams(), mode=mode, draft=mtp, draft_len=K, seed=8, eos_ids=[],
                    trace=True)
     tr = gen.trace
     cols = ["row", "depth", "accepted", "target_entropy", "draft_entropy", "alpha", "greedy_accept_prob",
@@ -433,7 +433,7 @@ def test_trace_columns(warm, mode):
         assert int((tr["depth"] == d).sum()) == st.accepted_at[d - 1]
     assert st.accepted_at[K - 1 if mode == "spec" else 1] > 0  # long chains were accepted sometimes
     # without trace: nothing recorded
-    assert generate(model, prompts, 4, mode=mode, mtp=mtp, seed=8, eos_ids=[], draft_len=3).trace is None
+    assert generate(model, prompts, 4, mode=mode, draft=mtp, seed=8, eos_ids=[], draft_len=3).trace is None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -445,7 +445,7 @@ def test_zero_new_tokens_gives_no_tokens(warm, mode):
     """max_new_tokens is a hard limit: 0 must produce empty rollouts (or be refused), never a token."""
     model, mtp, tok = warm
     try:
-        gen = generate(model, [chat_ids(tok, "hi")] * 2, 0, mode=mode, mtp=mtp, seed=0, eos_ids=[], draft_len=3)
+        gen = generate(model, [chat_ids(tok, "hi")] * 2, 0, mode=mode, draft=mtp, seed=0, eos_ids=[], draft_len=3)
     except ValueError:
         return
     assert [r.tokens for r in gen.rollouts] == [[], []]
@@ -466,7 +466,7 @@ def test_empty_prompt_is_refused(warm):
 def test_auto_draft_len_changing_every_step_is_exact(sharp, mode, monkeypatch):
     model, mtp, prompt, exact, ar = sharp
     scheduled(monkeypatch, [2, 0, 1])
-    gen = generate(model, [prompt] * ROWS, 5, SHARP, mode=mode, mtp=mtp, draft_len="auto", max_draft_len=2,
+    gen = generate(model, [prompt] * ROWS, 5, SHARP, mode=mode, draft=mtp, draft_len="auto", max_draft_len=2,
                    seed=15, eos_ids=[])
     assert 0 < gen.stats.mean_draft_len < 2 and gen.stats.accepted > 0
     toks, ref = token_matrix(gen)[:, :3], token_matrix(ar)
@@ -480,7 +480,7 @@ def test_auto_choosing_zero_is_plain_decoding(warm, monkeypatch):
     model, mtp, tok = warm
     prompts = [chat_ids(tok, t) for t in TEXTS]
     scheduled(monkeypatch, [0])
-    gen = generate(model, prompts, 10, mode="spec", mtp=mtp, draft_len="auto", seed=4, eos_ids=[])
+    gen = generate(model, prompts, 10, mode="spec", draft=mtp, draft_len="auto", seed=4, eos_ids=[])
     ar = generate(model, prompts, 10, mode="ar", seed=4, eos_ids=[])
     assert [r.tokens for r in gen.rollouts] == [r.tokens for r in ar.rollouts] and gen.stats.steps == 0
 
@@ -499,7 +499,7 @@ def test_request_filling_the_whole_context(warm, draft_len, monkeypatch):
     scheduled(monkeypatch, [3])
     greedy = SamplingParams(temperature=0)
     ar = generate(short, [prompt], 12, greedy, mode="ar", eos_ids=[])
-    gen = generate(short, [prompt], 12, greedy, mode="spec", mtp=agreeable_mtp(short, 1.0, 0.0),
+    gen = generate(short, [prompt], 12, greedy, mode="spec", draft=agreeable_mtp(short, 1.0, 0.0),
                    draft_len=draft_len, max_draft_len=3, eos_ids=[])
     assert len(gen.rollouts[0].tokens) == 12 and gen.rollouts[0].tokens == ar.rollouts[0].tokens
     assert gen.stats.accepted > 0
@@ -517,7 +517,7 @@ def test_the_row_spread_one_generation_measured_is_where_the_next_starts(warm, m
     costs.row_spread = 0.123
     priors, real = [], engine.Acceptance
     monkeypatch.setattr(engine, "Acceptance", lambda *a, **k: priors.append(k["prior_spread"]) or real(*a, **k))
-    kw = dict(mode="spec", mtp=mtp, draft_len="auto", max_draft_len=2, eos_ids=[])
+    kw = dict(mode="spec", draft=mtp, draft_len="auto", max_draft_len=2, eos_ids=[])
     generate(model, prompts, 16, seed=1, **kw)
     assert priors == [0.123] and costs.row_spread != 0.123  # measured from this generation's rows
     measured = costs.row_spread

@@ -19,7 +19,7 @@ def test_rows_joining_a_busy_batch_match_running_alone(warm, mode):
     texts = TEXTS + ["x", "Explain, in detail, how rejection sampling keeps the output distribution exact.", "ok"]
     prompts = [chat_ids(tok, t) for t in texts]
     seeds = [101, 7, 55, 3, 1234, 9]
-    kw = dict(params=SamplingParams(temperature=1.0), mode=mode, mtp=mtp, draft_len=3)
+    kw = dict(params=SamplingParams(temperature=1.0), mode=mode, draft=mtp, draft_len=3)
     free = generate(model, prompts, 16, seed=seeds, eos_ids=[], **kw)
     kw["eos_ids"] = np.argsort(np.bincount(token_matrix(free).ravel()))[-6:].tolist()
     finished = []
@@ -43,7 +43,7 @@ def test_samples_of_one_prompt_share_one_prefill(warm, monkeypatch):
     model, mtp, tok = warm
     a, b = chat_ids(tok, "Tell me a story about a cat who lived on a boat."), chat_ids(tok, "hello")
     prompts, seeds = [a] * 5 + [b], [3, 4, 5, 6, 7, 8]
-    kw = dict(params=SamplingParams(), mode="spec", mtp=mtp, draft_len=2, eos_ids=[])
+    kw = dict(params=SamplingParams(), mode="spec", draft=mtp, draft_len=2, eos_ids=[])
     alone = [generate(model, [p], 6, seed=[s], **kw).rollouts[0].tokens for p, s in zip(prompts, seeds)]
     widths, forward = [], model.forward
     monkeypatch.setattr(model, "forward", lambda tokens, cache: widths.append(tokens.shape[1]) or forward(tokens, cache))
@@ -59,7 +59,7 @@ def test_waiting_prompts_are_prefilled_a_batch_at_a_time(warm, mode, monkeypatch
     request's tokens stay those of running it alone."""
     model, mtp, tok = warm
     prompts = [chat_ids(tok, f"Question {i}: " + "why? " * i) for i in range(10)]
-    kw = dict(params=SamplingParams(), mode=mode, mtp=mtp, draft_len=2, eos_ids=list(range(0, model.cfg.vocab_size, 5)))
+    kw = dict(params=SamplingParams(), mode=mode, draft=mtp, draft_len=2, eos_ids=list(range(0, model.cfg.vocab_size, 5)))
     alone = [generate(model, [p], 12, seed=[i], **kw).rollouts[0].tokens for i, p in enumerate(prompts)]
     assert len({len(t) for t in alone}) > 2  # rows really finish at different steps
     prefills, forward = [], model.forward

@@ -30,7 +30,7 @@ def test_mtp_catches_up_after_steps_without_drafts(warm, monkeypatch, feature_la
     m = 5  # K = 0 steps before the first draft: the MTP sees nothing until then, then all m positions at once
     scheduled(monkeypatch, [0] * m + [2] * 50)
     params = SamplingParams()
-    gen = generate(model, prompts, 12, params, mode="spec", mtp=mtp, draft_len="auto", max_draft_len=2, seed=2,
+    gen = generate(model, prompts, 12, params, mode="spec", draft=mtp, draft_len="auto", max_draft_len=2, seed=2,
                    eos_ids=[], trace=True)
     tr = gen.trace
     for r, (prompt, ro) in enumerate(zip(prompts, gen.rollouts)):

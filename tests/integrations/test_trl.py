@@ -166,7 +166,7 @@ def test_two_grpo_steps_with_vllm_generating(tmp_path, vllm_model_dir):
     policy, tok = load_model(vllm_model_dir, dtype="float32")
     draft = export_eagle3(new_eagle3(policy, seed=1), tmp_path / "draft")
     hf = AutoModelForCausalLM.from_pretrained(vllm_model_dir)
-    rollout = Recording(vllm_model_dir, mode="spec", draft_len=2, dtype="float32", mtp=str(draft), backend="vllm")
+    rollout = Recording(vllm_model_dir, mode="spec", draft_len=2, dtype="float32", draft=str(draft), backend="vllm")
     rollout.calls = []
     prompts = [[{"role": "user", "content": "What is 2 + 3?"}], [{"role": "user", "content": "Say hi."}]]
     trainer = make_trainer(hf, tok, prompts, rollout, tmp_path / "trl", steps=2, temperature=0.7)

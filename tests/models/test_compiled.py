@@ -165,7 +165,7 @@ def test_a_generation_after_the_warm_up_compiles_nothing(tiny_qwen3, mode, tmp_p
         monkeypatch.setattr(engine, "choose_draft_len", lambda *a, **k: next(ks))
         ks = itertools.cycle(range(4))
     for n in (12, 30):  # two cache lengths
-        generate(model, prompts, n, mode=mode.removesuffix("-auto"), mtp=draft, draft_len=K, max_draft_len=3,
+        generate(model, prompts, n, mode=mode.removesuffix("-auto"), draft=draft, draft_len=K, max_draft_len=3,
                  seed=n, eos_ids=[], max_batch=len(prompts))
     assert counters["stats"]["unique_graphs"] == graphs
 

@@ -16,7 +16,7 @@ from bebop.models.registry import load_model
 from bebop.drafts.registry import load_mtp, new_mtp
 from bebop.sampling import SamplingParams
 from bebop.training.features import TargetFeatures
-from bebop.training.train import TrainConfig, teacher_forced_eval, train_mtp
+from bebop.training.train import TrainConfig, teacher_forced_eval, train_draft
 from bebop.training.data import load_split
 from bebop.errors import BebopError
 
@@ -47,7 +47,7 @@ def test_training_lowers_loss_and_raises_heldout_acceptance(sharp, data, tmp_pat
     before = heldout_alpha(model, new_mtp(model, seed=0), data)
     cfg = TrainConfig(loss="e2e-tv", draft_len=2, steps=40, batch_size=8, lr=3e-3, eval_every=40, save_every=40,
                       eval_prompts=2, eval_new_tokens=8, features_dtype="float32", autocast="off")
-    mtp = train_mtp(model, data, tmp_path / "m", cfg, progress=False)
+    mtp = train_draft(model, data, tmp_path / "m", cfg, progress=False)
     rows = [json.loads(x) for x in (tmp_path / "m.metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 40
     first, last = sum(r["loss"] for r in rows[:5]) / 5, sum(r["loss"] for r in rows[-5:]) / 5
@@ -67,7 +67,7 @@ def test_a_two_block_eagle3_mtp_trains_in_bf16_and_reports_per_kind(sharp, data,
     cfg = TrainConfig(loss="kl+e2e-tv", draft_len=2, steps=30, batch_size=8, lr=3e-3, eval_every=30, save_every=30,
                       eval_prompts=2, eval_new_tokens=8, mtp_layers=2, feature_layers=(0, -1),
                       features_dtype="bfloat16", autocast="bf16")
-    train_mtp(model, data, tmp_path / "m", cfg, progress=False)
+    train_draft(model, data, tmp_path / "m", cfg, progress=False)
     rows = [json.loads(x) for x in (tmp_path / "m.metrics.jsonl").read_text().splitlines()]
     assert all(r["bf16"] for r in rows)
     first, last = sum(r["loss"] for r in rows[:5]) / 5, sum(r["loss"] for r in rows[-5:]) / 5
@@ -76,7 +76,7 @@ def test_a_two_block_eagle3_mtp_trains_in_bf16_and_reports_per_kind(sharp, data,
     mtp = load_mtp(tmp_path / "m", model)
     assert (mtp.config.layers, mtp.feature_layers) == (2, (0, 1))
     with pytest.raises(BebopError, match="--mtp-layers"):  # --init must name the architecture it starts from
-        train_mtp(model, data, tmp_path / "again", replace(cfg, steps=2, mtp_layers=1, feature_layers=()),
+        train_draft(model, data, tmp_path / "again", replace(cfg, steps=2, mtp_layers=1, feature_layers=()),
                   init=str(tmp_path / "m"), progress=False)
 
 
@@ -84,7 +84,7 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(sharp, data, tmp_path,
     model, _ = sharp
     cfg = TrainConfig(loss="kl+e2e-tv", draft_len=2, steps=12, batch_size=8, lr=3e-3, eval_every=100,
                       save_every=5, eval_prompts=0, draft_vocab=64, features_dtype="float32", autocast="off")
-    whole = train_mtp(model, data, tmp_path / "whole", cfg, progress=False)
+    whole = train_draft(model, data, tmp_path / "whole", cfg, progress=False)
 
     calls = {"n": 0}
     real = losses.e2e_tv_loss
@@ -97,10 +97,10 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(sharp, data, tmp_path,
 
     monkeypatch.setattr(losses, "e2e_tv_loss", crash_on_9th_step)
     with pytest.raises(KeyboardInterrupt):
-        train_mtp(model, data, tmp_path / "crashed", cfg, progress=False)
+        train_draft(model, data, tmp_path / "crashed", cfg, progress=False)
     monkeypatch.setattr(losses, "e2e_tv_loss", real)
     assert load_mtp(tmp_path / "crashed", model).config.meta["step"] == 5
-    resumed = train_mtp(model, data, tmp_path / "crashed", cfg, resume=True, progress=False)
+    resumed = train_draft(model, data, tmp_path / "crashed", cfg, resume=True, progress=False)
     for (k, a), (_, b) in zip(whole.state_dict().items(), resumed.state_dict().items()):
         torch.testing.assert_close(a, b, msg=k)
     steps = [json.loads(x)["step"] for x in (tmp_path / "crashed.metrics.jsonl").read_text().splitlines()]
@@ -113,7 +113,7 @@ def test_commands_end_to_end(tmp_path, capsys):
     main(["make-data", "--model", "tiny-qwen3", "--num-samples", "12", "--heldout-samples", "4",
           "--max-new-tokens", "10", "--temperature", "1.0", "--out", str(data)])
     assert len(load_split(data, "train")) == 12 and len(load_split(data, "heldout")) == 4
-    main(["train-mtp", "--model", "tiny-qwen3", "--data", str(data), "--loss", "lk", "--draft-len", "2",
+    main(["train-draft", "--model", "tiny-qwen3", "--data", str(data), "--loss", "lk", "--draft-len", "2",
           "--steps", "4", "--batch-size", "4", "--eval-every", "2", "--eval-prompts", "2", "--out",
           str(tmp_path / "mtp")])
     assert (tmp_path / "mtp.safetensors").exists() and (tmp_path / "mtp.json").exists()
@@ -144,20 +144,20 @@ def test_resume_refuses_other_data_other_settings_or_nothing(sharp, data, tmp_pa
     cfg = TrainConfig(loss="kl", draft_len=2, steps=2, batch_size=4, eval_every=100, save_every=1, eval_prompts=0,
                       features_dtype="float32", autocast="off")
     with pytest.raises(BebopError, match="nothing to resume"):
-        train_mtp(model, data, tmp_path / "m", cfg, resume=True, progress=False)
-    train_mtp(model, data, tmp_path / "m", cfg, progress=False)
+        train_draft(model, data, tmp_path / "m", cfg, resume=True, progress=False)
+    train_draft(model, data, tmp_path / "m", cfg, progress=False)
     with pytest.raises(BebopError, match="already holds a training run"):
-        train_mtp(model, data, tmp_path / "m", cfg, progress=False)
+        train_draft(model, data, tmp_path / "m", cfg, progress=False)
     with pytest.raises(BebopError, match="settings: lr"):
-        train_mtp(model, data, tmp_path / "m", replace(cfg, lr=1e-2), resume=True, progress=False)
+        train_draft(model, data, tmp_path / "m", replace(cfg, lr=1e-2), resume=True, progress=False)
     other = tmp_path / "other"
     shutil.copytree(data, other)
     with open(other / "train.jsonl", "a") as f:  # one more sequence: other data, same meta.json
         f.write((other / "train.jsonl").read_text().splitlines()[0] + "\n")
     with pytest.raises(BebopError, match="other data"):
-        train_mtp(model, other, tmp_path / "m", cfg, resume=True, progress=False)
+        train_draft(model, other, tmp_path / "m", cfg, resume=True, progress=False)
     shutil.copytree(data, tmp_path / "moved")  # the same bytes elsewhere are the same data
-    train_mtp(model, tmp_path / "moved", tmp_path / "m", cfg, resume=True, progress=False)
+    train_draft(model, tmp_path / "moved", tmp_path / "m", cfg, resume=True, progress=False)
 
 
 def test_a_torn_mtp_pair_is_refused(sharp, tmp_path):
@@ -173,7 +173,7 @@ def test_a_torn_mtp_pair_is_refused(sharp, tmp_path):
 
 
 def test_an_eagle3_draft_trains_exports_and_fine_tunes_from_its_export(sharp, data, tmp_path):
-    """--arch eagle3: the same losses and feature cache train it (loss down, held-out acceptance up from the
+    """--kind eagle3: the same losses and feature cache train it (loss down, held-out acceptance up from the
     fresh draft), its checkpoint loads as an EAGLE-3 draft, and its export is a valid --init (a user's
     SpecForge draft fine-tuned with e2e-TV)."""
     from bebop.drafts.eagle3 import Eagle3, new_eagle3
@@ -184,7 +184,7 @@ def test_an_eagle3_draft_trains_exports_and_fine_tunes_from_its_export(sharp, da
     cfg = TrainConfig(arch="eagle3", loss="kl+e2e-tv", draft_len=2, steps=40, batch_size=8, lr=3e-3, eval_every=40,
                       save_every=40, eval_prompts=2, eval_new_tokens=8, draft_vocab=128,
                       features_dtype="float32", autocast="off")
-    draft = train_mtp(model, data, tmp_path / "e3", cfg, progress=False)
+    draft = train_draft(model, data, tmp_path / "e3", cfg, progress=False)
     rows = [json.loads(x) for x in (tmp_path / "e3.metrics.jsonl").read_text().splitlines()]
     first, last = sum(r["loss"] for r in rows[:5]) / 5, sum(r["loss"] for r in rows[-5:]) / 5
     assert last < first - 0.02, (first, last)
@@ -193,9 +193,9 @@ def test_an_eagle3_draft_trains_exports_and_fine_tunes_from_its_export(sharp, da
     saved = load_mtp(tmp_path / "e3", model)
     assert isinstance(saved, Eagle3) and len(saved.vocab_ids) == 128 and saved.feature_layers == (-1, 0, 1)
     export_eagle3(saved, tmp_path / "dir")
-    tuned = train_mtp(model, data, tmp_path / "tuned", replace(cfg, steps=2, loss="e2e-tv", draft_vocab=0),
+    tuned = train_draft(model, data, tmp_path / "tuned", replace(cfg, steps=2, loss="e2e-tv", draft_vocab=0),
                       init=str(tmp_path / "dir"), progress=False)
     assert isinstance(tuned, Eagle3) and torch.equal(tuned.vocab_ids, saved.vocab_ids)
     new_mtp(model).save(tmp_path / "mtp")
-    with pytest.raises(BebopError, match="--arch"):  # a DeepSeek-layout --init is not an EAGLE-3 start
-        train_mtp(model, data, tmp_path / "wrong", replace(cfg, steps=2), init=str(tmp_path / "mtp"), progress=False)
+    with pytest.raises(BebopError, match="--kind"):  # a DeepSeek-layout --init is not an EAGLE-3 start
+        train_draft(model, data, tmp_path / "wrong", replace(cfg, steps=2), init=str(tmp_path / "mtp"), progress=False)

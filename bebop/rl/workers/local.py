@@ -57,7 +57,7 @@ class LocalWorker:
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, seed: int | list[int]) -> dict:
         t0 = time.perf_counter()
-        g = generate(self.model, prompts, max_new_tokens, self.params, mode=self.rollout, mtp=self.mtp,
+        g = generate(self.model, prompts, max_new_tokens, self.params, mode=self.rollout, draft=self.mtp,
                      draft_len=self.draft_len, max_draft_len=self.max_draft_len, seed=seed)
         return {"tokens": [r.tokens for r in g.rollouts], "logprobs": [r.logprobs for r in g.rollouts],
                 "entropies": [r.entropies for r in g.rollouts], "stats": g.stats.summary(),

@@ -13,7 +13,7 @@ def collect(target, mtp, prompts, temperatures, draft_len, max_new_tokens=64, se
     """Run the engine at each temperature with trace=True and return one table (TABLE_COLUMNS plus `row`)."""
     parts = []
     for T in tqdm(temperatures, desc=f"entropy study ({policy})", disable=not progress):
-        g = generate(target, prompts, max_new_tokens, SamplingParams(T), mode=mode, mtp=mtp, draft_len=draft_len,
+        g = generate(target, prompts, max_new_tokens, SamplingParams(T), mode=mode, draft=mtp, draft_len=draft_len,
                      seed=seed, trace=True)
         if g.trace is None:
             continue

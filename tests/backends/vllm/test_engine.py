@@ -47,7 +47,7 @@ def runs(setup):
     """vLLM's and bebop's engine's acceptance with the shipped EAGLE-3 draft, same prompts and settings."""
     model, draft, engine, prompts = setup
     theirs = engine.generate(prompts, NEW, 1.0, seeds=list(range(len(prompts))))
-    ours = generate(model, prompts, NEW, SamplingParams(1.0), mode="spec", mtp=draft, draft_len=K, seed=0)
+    ours = generate(model, prompts, NEW, SamplingParams(1.0), mode="spec", draft=draft, draft_len=K, seed=0)
     return theirs, ours.stats
 
 
