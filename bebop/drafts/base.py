@@ -14,6 +14,7 @@ kind, and provenance).
 
 import json
 import uuid
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,16 @@ class DraftConfig:
 
 
 MTPConfig = DraftConfig  # old name, kept for one release
+
+
+def draft_or_old_mtp(draft, mtp, where: str, stacklevel: int = 3):
+    """`draft`, or what a caller passed as `mtp=`, the old name of `draft=` in `where` (kept for one release,
+    with a DeprecationWarning)."""
+    if mtp is None:
+        return draft
+    warnings.warn(f"{where}(mtp=...) is now {where}(draft=...); mtp= goes in the next release",
+                  DeprecationWarning, stacklevel=stacklevel)
+    return mtp if draft is None else draft
 
 
 class Draft(nn.Module):

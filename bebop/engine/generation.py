@@ -11,13 +11,12 @@ context K shrinks instead, so a request that fits the context never fails.
 """
 
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from bebop.drafts.base import Draft
+from bebop.drafts.base import Draft, draft_or_old_mtp
 from bebop.engine.modes import MODES  # noqa: F401 (here too: engine.generation.MODES)
 from bebop.engine.draft_len import Acceptance, StepCosts, bucket, choose_draft_len, step_costs_for
 from bebop.engine.scheduler import Scheduler
@@ -201,10 +200,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     on_finish(index, rollout) is called once per request as soon as it finishes.
     With a fixed K a request's tokens depend only on its prompt, seed and the settings; with "auto" only
     their distribution is fixed (the target's): the exact sample also depends on the K chosen per step."""
-    if mtp is not None:
-        warnings.warn("generate(mtp=...) is now generate(draft=...); mtp= goes in the next release",
-                      DeprecationWarning, stacklevel=2)
-        draft = mtp if draft is None else draft
+    draft = draft_or_old_mtp(draft, mtp, "generate")
     K_max, spec = check_arguments(target, prompts, max_new_tokens, mode, draft, draft_len, seed, max_batch,
                                   max_draft_len)
     draft = draft if spec else None

@@ -29,14 +29,13 @@ logging step.
 import os
 import tempfile
 import time
-import warnings
 
 import torch
 from trl.data_utils import is_conversational
 
 from bebop.backends.vllm.engine import installed
 from bebop.backends.vllm.worker import DRAFT_CHECK_TOL, vllm_args
-from bebop.drafts.base import Draft
+from bebop.drafts.base import Draft, draft_or_old_mtp
 from bebop.drafts.registry import default_draft, load_draft, shipped_draft
 from bebop.engine.generation import MODES, generate
 from bebop.engine.memory import retain_freed_memory
@@ -104,10 +103,7 @@ class BebopRollout:
     def __init__(self, model=DEFAULT_MODEL, mode: str = "spec", draft_len: int | str = "auto", dtype: str | None = None,
                  draft: str | Draft | None = None, max_batch: int | None = None, seed: int | None = None,
                  progress: bool = False, backend: str = "bebop", *, mtp: str | Draft | None = None):
-        if mtp is not None:
-            warnings.warn("BebopRollout(mtp=...) is now BebopRollout(draft=...); mtp= goes in the next release",
-                          DeprecationWarning, stacklevel=2)
-            draft = mtp if draft is None else draft
+        draft = draft_or_old_mtp(draft, mtp, "BebopRollout")
         if mode not in MODES:
             raise BebopError(f"unknown mode '{mode}' (choose from {', '.join(MODES)})")
         if backend not in ("bebop", "vllm"):
