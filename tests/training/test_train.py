@@ -64,7 +64,8 @@ def test_a_two_block_eagle3_mtp_trains_in_bf16_and_reports_per_kind(sharp, data,
     """The capacity options train (bf16 features and autocast, as the CLI picks on a CPU that runs bf16 fast),
     and the checkpoint carries its architecture to `--mtp`."""
     model, _ = sharp
-    cfg = TrainConfig(loss="kl+e2e-tv", draft_len=2, steps=30, batch_size=8, lr=3e-3, eval_every=30, save_every=30,
+    # (16 steps of 4 sequences: where bf16 is emulated, as on an AVX2-only CPU, a step costs ~1 s)
+    cfg = TrainConfig(loss="kl+e2e-tv", draft_len=2, steps=16, batch_size=4, lr=3e-3, eval_every=16, save_every=16,
                       eval_prompts=2, eval_new_tokens=8, mtp_layers=2, feature_layers=(0, -1),
                       features_dtype="bfloat16", autocast="bf16")
     train_draft(model, data, tmp_path / "m", cfg, progress=False)
