@@ -33,12 +33,15 @@ demo: $(BASE)
 	rm -rf runs/demo
 	.venv/bin/bebop demo --out runs/demo
 
+# first the tests that start no vLLM engine and no Ray, a file at a time on each core (pytest-xdist; each worker
+# is pinned to its cores in tests/conftest.py); then those that do, one at a time: their processes take every core
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q --durations=15 -n auto --dist loadfile -m "not spawns"
+	$(PY) -m pytest -q --durations=15 -m spawns
 
 # the tests under ~10 s that need neither vLLM nor Ray (markers: pyproject.toml, applied in tests/conftest.py)
 test-fast: $(STAMP)
-	$(PY) -m pytest -q --durations=15 -m "not slow and not vllm and not ray"
+	$(PY) -m pytest -q --durations=15 -n auto --dist loadfile -m "not slow and not vllm and not ray"
 
 clean:
 	rm -rf .venv runs

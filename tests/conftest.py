@@ -7,22 +7,42 @@ import copy
 import os
 from pathlib import Path
 
-import pytest
-import torch
 
-from bebop.models import registry
-from bebop.models.decoder import Decoder
+def pin_xdist_worker():
+    """Under `pytest -n N` (pytest-xdist: `make test` runs the tests that start neither vLLM nor Ray so) each
+    worker gets its own share of the cores, so that no test's threads, nor the processes it starts, compete with
+    another worker's. Done before torch loads: its OpenMP runtime sizes its spinning to the cores it sees, and two
+    threads spinning on one core they believe is two run 10-20x slower."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
+    if worker and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        i = int(worker.removeprefix("gw"))
+        os.sched_setaffinity(0, cores[i::workers] or [cores[i % len(cores)]])
+
+
+pin_xdist_worker()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from bebop.models import registry  # noqa: E402
+from bebop.models.decoder import Decoder  # noqa: E402
 
 
 # The test models are small: one thread is about as fast as two, and on a shared 2-core machine two OpenMP
 # threads competing with another busy process run 10-20x slower (spinning barriers). BEBOP_TEST_THREADS overrides.
-torch.set_num_threads(int(os.environ.get("BEBOP_TEST_THREADS", "1")))
+TEST_THREADS = int(os.environ.get("BEBOP_TEST_THREADS", "1"))
+torch.set_num_threads(TEST_THREADS)
 
 TESTS = Path(__file__).parent
 # the markers of pyproject.toml, by test file (a folder ends in /), test function or fixture
-VLLM_TESTS = ("backends/vllm/", "rl/workers/test_ray.py::test_two_ray_workers_with_vllm_each_on_its_core")
+VLLM_TESTS = ("backends/vllm/test_engine.py", "backends/vllm/test_worker.py",
+              "rl/workers/test_ray.py::test_two_ray_workers_with_vllm_each_on_its_core")
 VLLM_FIXTURES = {"vllm_model_dir"}  # a model directory for vLLM's engine or its paged-attention kernels
 RAY_TESTS = ("rl/workers/test_ray.py",)
+# the tests whose vLLM engine or Ray cluster starts processes that size themselves to every core
+SPAWN_TESTS = VLLM_TESTS + RAY_TESTS + ("integrations/test_trl.py::test_two_grpo_steps_with_vllm_generating",)
 SLOW_TESTS = ("models/test_compiled.py",  # torch.compile
               "engine/test_generation.py::test_spec_on_the_compiled_step_matches_exact_distribution_and_ar")
 SLOW_FIXTURES = {"smollm2"}  # SmolLM2-135M: loading it and generating with it on one thread
@@ -41,6 +61,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.vllm)
         if _matches(item, RAY_TESTS):
             item.add_marker(pytest.mark.ray)
+        if _matches(item, SPAWN_TESTS):
+            item.add_marker(pytest.mark.spawns)
         compiled = getattr(item, "callspec", None) is not None and item.callspec.params.get("compiled") is True
         if _matches(item, SLOW_TESTS) or fixtures & SLOW_FIXTURES or compiled:  # compiled: the torch.compile'd step
             item.add_marker(pytest.mark.slow)
@@ -51,7 +73,19 @@ def private_cache(tmp_path_factory, monkeypatch):
     """Every test's probes and cost tables go to one cache for the session, not the user's ~/.cache/bebop:
     a test must not leave entries for its temporary models there, nor read the machine's real probes (CI
     starts with none). A test that sets BEBOP_CACHE itself overrides this."""
-    monkeypatch.setenv("BEBOP_CACHE", str(tmp_path_factory.getbasetemp() / "bebop-cache"))
+    base = tmp_path_factory.getbasetemp()
+    monkeypatch.setenv("BEBOP_CACHE", str(base / "bebop-cache"))
+    # torch.compile's code is shared by the session's workers (the same graphs compile once; the cache is
+    # safe for concurrent use) and starts empty, as on a fresh machine
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared / "inductor"))
+
+
+@pytest.fixture(autouse=True)
+def thread_budget():
+    """A test that sets torch's thread count (run_rl splits the cores) leaves the next test the suite's."""
+    yield
+    torch.set_num_threads(TEST_THREADS)
 
 
 def _build(name):
