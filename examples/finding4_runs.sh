@@ -35,16 +35,16 @@ rl() {  # name, then the run's own options
     --max-completion-length 96 --learning-rate 1e-5 --eval-every 25 --eval-prompts 32 --seed 0 --async-mode off \
     --draft-len 3 --save-every 5 --out $out $resume "$@"
 }
-rl spec-kl+e2e-tv --rollout spec --draft $W/draft-kl+e2e-tv --mtp-strategy frozen
-rl spec-ce --rollout spec --draft $W/draft-ce --mtp-strategy frozen
-rl spec-kl --rollout spec --draft $W/draft-kl --mtp-strategy frozen
-rl spec-greedy-kl+e2e-tv --rollout spec-greedy --draft $W/draft-kl+e2e-tv --mtp-strategy frozen
-rl spec-online-e2e-tv --rollout spec --draft $W/draft-kl+e2e-tv --mtp-strategy online-e2e-tv
+rl spec-kl+e2e-tv --rollout spec --draft $W/draft-kl+e2e-tv --draft-strategy frozen
+rl spec-ce --rollout spec --draft $W/draft-ce --draft-strategy frozen
+rl spec-kl --rollout spec --draft $W/draft-kl --draft-strategy frozen
+rl spec-greedy-kl+e2e-tv --rollout spec-greedy --draft $W/draft-kl+e2e-tv --draft-strategy frozen
+rl spec-online-e2e-tv --rollout spec --draft $W/draft-kl+e2e-tv --draft-strategy online-e2e-tv
 rl ar --rollout ar
 # the first two runs again, on the machine that ran ar and online (wall times divide only within one CPU, and
 # a recipe run twice shows the run-to-run spread that the step-paired intervals leave out)
-rl spec-kl+e2e-tv-epyc --rollout spec --draft $W/draft-kl+e2e-tv --mtp-strategy frozen
-rl spec-ce-epyc --rollout spec --draft $W/draft-ce --mtp-strategy frozen
+rl spec-kl+e2e-tv-epyc --rollout spec --draft $W/draft-kl+e2e-tv --draft-strategy frozen
+rl spec-ce-epyc --rollout spec --draft $W/draft-ce --draft-strategy frozen
 
 # 4. the report over every run that has steps
 # (the e2e-TV run first: every other speculative run is compared with it step by step)

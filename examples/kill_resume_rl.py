@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 STEPS = 16
 ARGS = ["rl", "--model", "tiny-llama", "--task", "arithmetic", "--steps", str(STEPS), "--prompts-per-step", "2",
         "--num-generations", "2", "--max-completion-length", "8", "--rollout", "spec", "--draft-len", "3",
-        "--mtp-strategy", "online-kl",
+        "--draft-strategy", "online-kl",
         "--async-mode", "off", "--threads", "1", "--autocast", "off",  # rollout dtype: auto (fp32 here), kept on resume
         "--eval-prompts", "2", "--save-every", "1", "--seed", "0"]
 BEBOP = [sys.executable, "-m", "bebop.cli"]

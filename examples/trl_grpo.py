@@ -59,7 +59,7 @@ def run(backend: str, args, tasks) -> list[dict]:
     hf, tok = load_hf(args.model)  # a fresh copy per run: training changes it
     rollout = None
     if backend != "trl":
-        rollout = BebopRollout(args.model, mode=backend, draft_len=args.draft_len, dtype=args.dtype, draft=args.mtp,
+        rollout = BebopRollout(args.model, mode=backend, draft_len=args.draft_len, dtype=args.dtype, draft=args.draft,
                                max_batch=args.max_batch, progress=True)
     config = GRPOConfig(
         output_dir=str(Path(args.output_dir) / backend), max_steps=args.steps, seed=args.seed,

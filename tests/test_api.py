@@ -1,6 +1,7 @@
 """bebop's Python API: `import bebop` lists it in __all__ without importing torch, every name resolves, the Python
 defaults equal the CLI's, and every example in docs/reference/python-api.md runs as written."""
 
+import dataclasses
 import inspect
 import os
 import re
@@ -102,3 +103,13 @@ def test_old_names_still_work_for_one_release_and_warn(monkeypatch):
     with pytest.warns(DeprecationWarning, match=r"generate\(draft=\.\.\.\)"):
         old = bebop.generate(model, [[1, 2, 3]], 6, mtp=draft, draft_len=2, seed=3)
     assert old.rollouts[0].tokens == new.rollouts[0].tokens
+
+
+def test_rl_configs_old_field_names_set_the_new_ones_and_warn():
+    with pytest.warns(DeprecationWarning) as warned:
+        old = bebop.RLConfig(mtp="d", mtp_strategy="online-kl", mtp_learning_rate=0.5)
+    assert [str(w.message).split(";")[0] for w in warned] == [
+        "RLConfig(mtp=...) is now RLConfig(draft=...)", "RLConfig(mtp_strategy=...) is now RLConfig(draft_strategy=...)",
+        "RLConfig(mtp_learning_rate=...) is now RLConfig(draft_learning_rate=...)"]
+    assert old == bebop.RLConfig(draft="d", draft_strategy="online-kl", draft_learning_rate=0.5)
+    assert "mtp_strategy" not in dataclasses.asdict(old)  # a run's config.json has the names now

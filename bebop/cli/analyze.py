@@ -29,7 +29,7 @@ def cmd_analyze_entropy(args):
     parts = []
     for path, label in policies:
         model, tok = load_model(path, compile=args.compile, dtype="float32")
-        mtp = pick_mtp(args.mtp, model)
+        mtp = pick_mtp(args.draft, model)
         prompts = [chat_ids(tok, t) for t in texts]
         check_context(model, prompts, args.max_new_tokens)
         parts.append(collect(model, mtp, prompts, temperatures, args.draft_len, args.max_new_tokens,

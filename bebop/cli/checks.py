@@ -109,7 +109,7 @@ def check_model_args(args):
 def check_draft_args(args):
     """--model and --draft, for the commands that use a draft."""
     check_model_args(args)
-    check_mtp_file(args.mtp)
+    check_mtp_file(args.draft)
 
 
 def check_draft_len(args):

@@ -115,7 +115,7 @@ def cmd_bench(args):
     print(format_table(results))
     if args.output is not None:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        mtp_name = None if mtp is None else (args.mtp or mtp.config.meta.get("name", "random"))
+        mtp_name = None if mtp is None else (args.draft or mtp.config.meta.get("name", "random"))
         Path(args.output).write_text(json.dumps({"model": args.model, "mtp": mtp_name, **env, "dtype_requested": args.dtype,
                                                "ignore_eos": args.ignore_eos, "results": results}, indent=1))
 
@@ -128,8 +128,8 @@ def cmd_export(args):
     if Path(args.out).is_dir() and any(Path(args.out).iterdir()):
         raise BebopError(f"--out {args.out}: exists and is not empty; choose another directory")
     model, _ = load_model(args.model, dtype="float32")  # the draft is written in the dtype it was trained in
-    if args.mtp:
-        draft = pick_mtp(args.mtp, model)
+    if args.draft:
+        draft = pick_mtp(args.draft, model)
     else:
         draft = shipped_draft(model, Eagle3.arch)
         if draft is None:

@@ -33,5 +33,5 @@ def load(args, need_mtp=True):
     model, tok = load_model(args.model, dtype=getattr(args, "dtype", "float32"), compile=args.compile)
     mtp = None
     if need_mtp:
-        mtp = pick_mtp(args.mtp, model)
+        mtp = pick_mtp(args.draft, model)
     return model, tok, mtp

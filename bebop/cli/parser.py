@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from bebop.engine.modes import MODES
-from bebop.rl.config import (ASYNC_MODES, AUTOCAST, BACKENDS, DTYPES, LOSS_TYPES, MTP_STRATEGIES, ROLLOUTS,
+from bebop.rl.config import (ASYNC_MODES, AUTOCAST, BACKENDS, DTYPES, LOSS_TYPES, DRAFT_STRATEGIES, ROLLOUTS,
                              SCALE_REWARDS, RLConfig)
 from bebop.studies.demo_config import DemoConfig
 from bebop.training.config import TrainConfig
@@ -80,7 +80,7 @@ def add_model_args(p, draft=True, dtype=True, compile=True):
     """--model, and the options of the commands that use them: --draft, --dtype, --compile."""
     p.add_argument("--model", default="smollm2-135m", help="registry name or local Hugging Face model directory")
     if draft:
-        p.add_argument("--draft", dest="mtp", default=None, help="the draft: an MTP checkpoint (NAME.safetensors + NAME.json), an EAGLE-3 "
+        p.add_argument("--draft", default=None, help="the draft: an MTP checkpoint (NAME.safetensors + NAME.json), an EAGLE-3 "
                    "directory (config.json + *.safetensors, as SpecForge writes and `bebop export` writes), 'random' or "
                    "'random-eagle3' (seeded fresh drafts); default: the model's shipped trained draft (smollm2-135m: "
                    "EAGLE-3); a speculative mode on a model without one is refused")
@@ -120,8 +120,8 @@ def add_sampling_args(p, temperature=1.0, max_new_tokens=True, draft_len=True):
 def add_rl_args(p):
     d = RLConfig()
     p.add_argument("--model", default=d.model, help="registry name or local Hugging Face model directory")
-    p.add_argument("--draft", dest="mtp", default=d.mtp, help="the draft, as for generate: a checkpoint, an EAGLE-3 directory, 'random' or "
-                   "'random-eagle3'; default: the model's shipped draft (EAGLE-3 for smollm2-135m), required with --mtp-strategy "
+    p.add_argument("--draft", default=d.draft, help="the draft, as for generate: a checkpoint, an EAGLE-3 directory, 'random' or "
+                   "'random-eagle3'; default: the model's shipped draft (EAGLE-3 for smollm2-135m), required with --draft-strategy "
                    "frozen on a model without one (online strategies train a random one)")
     p.add_argument("--task", default=d.task, help="RL task (arithmetic, code)")
     p.add_argument("--difficulty", default=d.difficulty, help="task difficulty level (default: the task's)")
@@ -153,14 +153,16 @@ def add_rl_args(p):
                         "with --rollout-backend vllm, which has no automatic K, auto is the draft's trained depth, else "
                         "--max-draft-len)")
     p.add_argument("--max-draft-len", type=int, default=d.max_draft_len,
-                   help="the largest K --draft-len auto may pick (and the depth an online MTP strategy trains)")
+                   help="the largest K --draft-len auto may pick (and the depth an online draft strategy trains)")
     p.add_argument("--ray", nargs="?", const="local", default=d.ray, metavar="ADDRESS",
                    help="rollout workers as Ray actors (pip install 'bebop-rl[ray]'): no ADDRESS starts a local Ray, 'auto' joins "
                         "the running cluster, or host:port")
     p.add_argument("--rollout-workers", type=int, default=d.rollout_workers,
                    help="Ray rollout actors; the rollout threads are split between them")
-    p.add_argument("--mtp-strategy", default=d.mtp_strategy, help=f"{'|'.join(MTP_STRATEGIES)}")
-    p.add_argument("--mtp-learning-rate", type=float, default=d.mtp_learning_rate, help="learning rate of an online MTP strategy")
+    p.add_argument("--draft-strategy", default=d.draft_strategy,
+                   help=f"{'|'.join(DRAFT_STRATEGIES)}: keep the pre-RL draft, or train it on each step's rollouts")
+    p.add_argument("--draft-learning-rate", type=float, default=d.draft_learning_rate,
+                   help="learning rate of an online draft strategy (AdamW)")
     p.add_argument("--async-mode", default=d.async_mode, help=f"{'|'.join(ASYNC_MODES)}")
     p.add_argument("--rollout-dtype", default=d.rollout_dtype,
                    help=f"auto|{'|'.join(DTYPES)} (auto: as --dtype auto chooses for the model on this machine)")
@@ -173,6 +175,8 @@ def add_rl_args(p):
     p.add_argument("--out", required=True, help="output directory: metrics, checkpoints, logs")
     p.add_argument("--resume", action="store_true", help="continue from OUT's last checkpoint")
     deprecated(p, "--mtp", "--draft")
+    deprecated(p, "--mtp-strategy", "--draft-strategy")
+    deprecated(p, "--mtp-learning-rate", "--draft-learning-rate")
 
 
 def add_train_args(p):

@@ -36,15 +36,15 @@ def cmd_rl(args):
     # fp32 master weights; rollouts use their own --rollout-dtype copy
     policy, tok = load_model(cfg.model, dtype="float32")
     mtp = None
-    if cfg.rollout != "ar" and cfg.rollout_backend == "vllm" and cfg.mtp is None:
+    if cfg.rollout != "ar" and cfg.rollout_backend == "vllm" and cfg.draft is None:
         mtp = shipped_draft(policy, "eagle3")  # vLLM loads EAGLE-3 drafts: the model's shipped one
         if mtp is None:
             raise BebopError(f"--rollout-backend vllm with --rollout {cfg.rollout} needs an EAGLE-3 draft (--draft DIR "
                              f"or random-eagle3): '{cfg.model}' ships none")
     elif cfg.rollout != "ar":
-        mtp = pick_mtp(cfg.mtp, policy, need_trained=cfg.mtp_strategy == "frozen")  # online strategies train it
+        mtp = pick_mtp(cfg.draft, policy, need_trained=cfg.draft_strategy == "frozen")  # online strategies train it
         if cfg.rollout_backend == "vllm" and mtp.arch != "eagle3":
-            raise BebopError(f"--rollout-backend vllm: '{cfg.mtp}' is a DeepSeek-layout MTP; vLLM loads EAGLE-3 drafts "
+            raise BebopError(f"--rollout-backend vllm: '{cfg.draft}' is a DeepSeek-layout MTP; vLLM loads EAGLE-3 drafts "
                              "only (--draft an EAGLE-3 directory or checkpoint, or random-eagle3)")
     if vllm_auto_k:
         cfg = replace(cfg, draft_len=trained_depth(mtp, cfg.max_draft_len)).validate()

@@ -2,7 +2,8 @@
 Names follow TRL's GRPOConfig where TRL has the option."""
 
 import os
-from dataclasses import dataclass
+import warnings
+from dataclasses import InitVar, dataclass
 
 from bebop.engine.modes import MODES as ROLLOUTS
 from bebop.models import DTYPE_NAMES
@@ -10,17 +11,19 @@ from bebop.errors import BebopError
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
 BACKENDS = ("bebop", "vllm")
-MTP_STRATEGIES = ("frozen", "online-ce", "online-kl", "online-e2e-tv")
+DRAFT_STRATEGIES = ("frozen", "online-ce", "online-kl", "online-e2e-tv")
 ASYNC_MODES = ("off", "one-step")
 SCALE_REWARDS = ("group", "batch", "none")
 AUTOCAST = ("auto", "bf16", "off")
 DTYPES = tuple(sorted(DTYPE_NAMES))  # --rollout-dtype's names: bfloat16, float32
+# RLConfig fields' old names -> their names now (a run's config.json before the rename has the old ones)
+RENAMED_FIELDS = {"mtp": "draft", "mtp_strategy": "draft_strategy", "mtp_learning_rate": "draft_learning_rate"}
 
 
 @dataclass
 class RLConfig:
     model: str = "smollm2-135m"
-    mtp: str | None = None  # checkpoint path or EAGLE-3 directory, 'random', or None = the model's shipped draft
+    draft: str | None = None  # checkpoint path or EAGLE-3 directory, 'random', or None = the model's shipped draft
     task: str = "arithmetic"
     difficulty: str | None = None  # the task's default level if None
     steps: int = 20
@@ -46,8 +49,8 @@ class RLConfig:
     rollout_workers: int = 1  # rollout actors under Ray, the thread budget split between them
     draft_len: int | str = "auto"  # drafts per step, or "auto": chosen every step by cost (bebop.engine.draft_len)
     max_draft_len: int = 3  # the largest K "auto" may pick
-    mtp_strategy: str = "frozen"
-    mtp_learning_rate: float = 1e-4
+    draft_strategy: str = "frozen"  # keep the pre-RL draft, or train it online on each step's rollouts
+    draft_learning_rate: float = 1e-4  # AdamW's, for an online draft strategy
     async_mode: str = "off"
     rollout_dtype: str = "auto"  # auto: the dtype the --dtype auto probe chose for the model on this machine
     threads: int = 0  # total torch threads; 0 = the CPUs this process may use. one-step splits them
@@ -55,6 +58,17 @@ class RLConfig:
     eval_prompts: int = 32
     save_every: int = 1
     seed: int = 0
+    # the fields' old names (RENAMED_FIELDS), accepted for one release with a DeprecationWarning
+    mtp: InitVar[str | None] = None
+    mtp_strategy: InitVar[str | None] = None
+    mtp_learning_rate: InitVar[float | None] = None
+
+    def __post_init__(self, mtp, mtp_strategy, mtp_learning_rate):
+        for old, value in (("mtp", mtp), ("mtp_strategy", mtp_strategy), ("mtp_learning_rate", mtp_learning_rate)):
+            if value is not None:
+                warnings.warn(f"RLConfig({old}=...) is now RLConfig({RENAMED_FIELDS[old]}=...); {old}= goes in the "
+                              "next release", DeprecationWarning, stacklevel=3)
+                setattr(self, RENAMED_FIELDS[old], value)
 
     @property
     def clip_high(self) -> float:
@@ -69,7 +83,7 @@ class RLConfig:
         return self.threads or len(os.sched_getaffinity(0))
 
     def validate(self) -> "RLConfig":
-        choices = {"loss_type": LOSS_TYPES, "rollout": ROLLOUTS, "rollout_backend": BACKENDS, "mtp_strategy": MTP_STRATEGIES,
+        choices = {"loss_type": LOSS_TYPES, "rollout": ROLLOUTS, "rollout_backend": BACKENDS, "draft_strategy": DRAFT_STRATEGIES,
                    "async_mode": ASYNC_MODES, "scale_rewards": SCALE_REWARDS, "autocast": AUTOCAST,
                    "rollout_dtype": ("auto", *DTYPES)}
         for name, allowed in choices.items():
@@ -85,7 +99,7 @@ class RLConfig:
         for name in ("learning_rate", "temperature", "importance_sampling_cap"):
             if not getattr(self, name) > 0:
                 raise BebopError(f"--{flag(name)} must be > 0, got {getattr(self, name)}")
-        for name in ("beta", "epsilon", "weight_decay", "mtp_learning_rate", "eval_every", "threads", "max_grad_norm"):
+        for name in ("beta", "epsilon", "weight_decay", "draft_learning_rate", "eval_every", "threads", "max_grad_norm"):
             if not getattr(self, name) >= 0:
                 raise BebopError(f"--{flag(name)} must be >= 0, got {getattr(self, name)}")
         if self.epsilon_high is not None and not self.epsilon_high >= 0:
@@ -99,8 +113,8 @@ class RLConfig:
         if self.rollout_backend == "vllm" and self.rollout != "ar" and self.draft_len == "auto":
             raise BebopError("--rollout-backend vllm needs a fixed --draft-len (vLLM's num_speculative_tokens; "
                              "it has no automatic K)")
-        if self.rollout == "ar" and self.mtp_strategy != "frozen":
-            raise BebopError(f"--mtp-strategy {self.mtp_strategy} needs a speculative --rollout (spec or spec-greedy)")
+        if self.rollout == "ar" and self.draft_strategy != "frozen":
+            raise BebopError(f"--draft-strategy {self.draft_strategy} needs a speculative --rollout (spec or spec-greedy)")
         if self.rollout_workers < 1:
             raise BebopError(f"--rollout-workers must be >= 1, got {self.rollout_workers}")
         if self.rollout_workers > 1 and self.ray is None:
@@ -112,3 +126,8 @@ class RLConfig:
 
 def flag(name: str) -> str:
     return name.replace("_", "-")
+
+
+def with_current_names(saved: dict) -> dict:
+    """A run's config.json as read, with the fields renamed since under their names now."""
+    return {RENAMED_FIELDS.get(k, k): v for k, v in saved.items()}

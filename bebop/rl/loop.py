@@ -31,7 +31,7 @@ from bebop.models import cpu
 from bebop.models.decoder import Decoder
 from bebop.models.registry import cache_dir, chat_ids, probed_choice, probed_compiled, probed_kernels
 from bebop.rl import grpo
-from bebop.rl.config import RLConfig
+from bebop.rl.config import RLConfig, with_current_names
 from bebop.rl.sync import check_sync, mtp_state, policy_state
 from bebop.rl.trainer import MTP_LOSS, Sample, autocast_choice, mtp_step, policy_step
 from bebop.rl.workers import RolloutWorker, make_workers
@@ -166,7 +166,7 @@ def prepare_run_dir(cfg: RLConfig, out: Path, resume: bool) -> None:
     config = asdict(cfg)
     has_checkpoint = bool(checkpoint.committed(out / "ckpt"))
     if resume and has_checkpoint:
-        saved = json.loads((out / "config.json").read_text())
+        saved = with_current_names(json.loads((out / "config.json").read_text()))
         # (where the rollouts run does not change them: threads, Ray and the number of workers may differ)
         changed = sorted(k for k in config if k not in ("steps", "threads", "ray", "rollout_workers")
                          and saved.get(k, RLConfig.__dataclass_fields__[k].default) != config[k])
@@ -196,13 +196,13 @@ def build_learner(cfg: RLConfig, policy: Decoder, mtp: Draft | None) -> Learner:
     policy.requires_grad_(True).eval()
     ref = copy.deepcopy(policy).requires_grad_(False) if cfg.beta > 0 else None
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    online = cfg.rollout != "ar" and cfg.mtp_strategy in MTP_LOSS
+    online = cfg.rollout != "ar" and cfg.draft_strategy in MTP_LOSS
     if cfg.rollout == "ar":
         mtp = None
     mtp_opt = None
     if online:
         mtp.requires_grad_(True)
-        mtp_opt = torch.optim.AdamW([p for p in mtp.parameters() if p.requires_grad], lr=cfg.mtp_learning_rate)
+        mtp_opt = torch.optim.AdamW([p for p in mtp.parameters() if p.requires_grad], lr=cfg.draft_learning_rate)
     return Learner(policy, opt, ref, mtp, mtp_opt)
 
 

@@ -122,7 +122,7 @@ def policy_step(policy, opt, samples: list[Sample], cfg: RLConfig, use_bf16: boo
 def mtp_step(mtp, opt, policy, samples: list[Sample], cfg: RLConfig, use_bf16: bool) -> dict:
     """One update of the MTP on this step's rollouts with the strategy's loss. The policy trunk is detached: its
     hidden states and teacher distribution come from a no-grad forward of the current policy."""
-    name = MTP_LOSS[cfg.mtp_strategy]
+    name = MTP_LOSS[cfg.draft_strategy]
     device = policy.embed.weight.device
     micro = [samples[i:i + cfg.micro_batch_size] for i in range(0, len(samples), cfg.micro_batch_size)]
     mtp.train()

@@ -25,4 +25,4 @@ class DemoConfig:
                         prompts_per_step=self.prompts_per_step, num_generations=self.num_generations,
                         max_completion_length=self.max_completion_length, eval_prompts=self.eval_prompts,
                         rollout=rollout, draft_len=self.draft_len, max_draft_len=self.draft_len, async_mode="off",
-                        mtp_strategy="frozen", save_every=self.steps_per_round, seed=self.seed).validate()
+                        draft_strategy="frozen", save_every=self.steps_per_round, seed=self.seed).validate()

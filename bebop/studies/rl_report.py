@@ -36,6 +36,7 @@ from pathlib import Path
 from scipy import stats
 
 from bebop.errors import BebopError
+from bebop.rl.config import with_current_names
 
 PROJECTED_SHARES = (0.5, 0.7, 0.9)
 DRIFT_STEPS = 10
@@ -115,7 +116,7 @@ def replicates(summaries: list[dict]) -> list[dict]:
 def read_run(path) -> dict:
     path = Path(path)
     try:
-        config = json.loads((path / "config.json").read_text())
+        config = with_current_names(json.loads((path / "config.json").read_text()))
         rows = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines() if x.strip()]
         evals = [json.loads(x) for x in (path / "eval.jsonl").read_text().splitlines() if x.strip()] \
             if (path / "eval.jsonl").exists() else []
@@ -143,13 +144,13 @@ def summarize(run: dict) -> dict:
     step_s = [r["step_s"] for r in rows]
     median_s = statistics.median(step_s)
     stalls = [x - median_s for x in step_s if x > STALL_FACTOR * median_s]
-    label = c["rollout"] if c["rollout"] == "ar" else f"{c['rollout']} ({c['mtp_strategy']})"
+    label = c["rollout"] if c["rollout"] == "ar" else f"{c['rollout']} ({c['draft_strategy']})"
     backend = c.get("rollout_backend", "bebop")  # (runs from before the vLLM backend generated with bebop's)
-    draft = f", draft {Path(c['mtp']).name}" if c["rollout"] != "ar" and c.get("mtp") else ""
+    draft = f", draft {Path(c['draft']).name}" if c["rollout"] != "ar" and c.get("draft") else ""
     return {"dir": run["dir"], "label": f"{Path(run['dir']).name}: {label}, {c['async_mode']}"
             + (", vllm" if backend == "vllm" else "") + draft, "acceptance": [r["acceptance_rate"] for r in rows],
             "rollout": c["rollout"], "rollout_backend": backend,
-            "mtp_strategy": c["mtp_strategy"], "async_mode": c["async_mode"], "seed": c["seed"],
+            "draft_strategy": c["draft_strategy"], "async_mode": c["async_mode"], "seed": c["seed"],
             "model": c["model"], "task": c["task"], "cpu": run.get("cpu"), "config": c, "steps": len(rows),
             "acceptance_mean": sum(acc) / len(acc) if acc else None, "tokens": tokens,
             "wall_s": total("step_s"), "rollout_s": total("rollout_s"), "train_s": total("train_s"),

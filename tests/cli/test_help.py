@@ -43,8 +43,10 @@ def test_command_help_shows_defaults(command):
 @pytest.mark.parametrize("argv, old, new, dest, value", [
     (["train-draft", "--data", "d", "--out", "o"], "--lr", "--learning-rate", "learning_rate", 0.5),
     (["train-draft", "--data", "d", "--out", "o"], "--arch", "--kind", "kind", "eagle3"),
-    (["generate"], "--mtp", "--draft", "mtp", "random"),
-    (["rl", "--out", "o"], "--mtp", "--draft", "mtp", "random"),
+    (["generate"], "--mtp", "--draft", "draft", "random"),
+    (["rl", "--out", "o"], "--mtp", "--draft", "draft", "random"),
+    (["rl", "--out", "o"], "--mtp-strategy", "--draft-strategy", "draft_strategy", "online-kl"),
+    (["rl", "--out", "o"], "--mtp-learning-rate", "--draft-learning-rate", "draft_learning_rate", 0.5),
     (["bench"], "--json", "--output", "output", "r.json"),
     (["check-exactness"], "--samples", "--num-samples", "num_samples", 300),
     (["check-exactness"], "--tokens", "--max-new-tokens", "max_new_tokens", 5),

@@ -102,7 +102,7 @@ def test_an_export_is_studied_and_trained_through_rl(tmp_path, capsys):
     draft = load_mtp(tmp_path / "e3", policy)
     cfg = RLConfig(model="tiny-llama", steps=2, prompts_per_step=2, num_generations=2, max_completion_length=8,
                    learning_rate=1e-3, micro_batch_size=4, autocast="off", rollout="spec", eval_prompts=1, threads=2,
-                   rollout_dtype="float32", async_mode="one-step", mtp_strategy="online-e2e-tv", draft_len=3)
+                   rollout_dtype="float32", async_mode="one-step", draft_strategy="online-e2e-tv", draft_len=3)
 
     class Task:
         prompt = "say hi"

@@ -42,7 +42,7 @@ def run(cfg, out, resume=False):
 
 def test_off_and_one_step_lag_schema_and_online_mtp(tmp_path):
     _, off = run(small(async_mode="off"), tmp_path / "off")
-    _, one = run(small(async_mode="one-step", mtp_strategy="online-e2e-tv"), tmp_path / "one")
+    _, one = run(small(async_mode="one-step", draft_strategy="online-e2e-tv"), tmp_path / "one")
     assert [r["policy_version_lag"] for r in off] == [0, 0, 0]
     # one-step: batch n+1 is generated with weights n while batch n trains, so every batch after the first is
     # exactly one policy version old
@@ -85,11 +85,22 @@ def test_resume_refuses_changed_settings(tmp_path):
         run(small(steps=1, rollout="ar"), tmp_path / "empty", resume=True)
 
 
+def test_a_run_saved_before_the_draft_fields_were_renamed_resumes(tmp_path):
+    """Its config.json says mtp_learning_rate where RLConfig now says draft_learning_rate: the same setting."""
+    cfg = small(steps=1, rollout="ar", draft_learning_rate=5e-4)
+    run(cfg, tmp_path / "a")
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    config["mtp_learning_rate"] = config.pop("draft_learning_rate")
+    (tmp_path / "a" / "config.json").write_text(json.dumps(config))
+    _, rows = run(small(steps=2, rollout="ar", draft_learning_rate=5e-4), tmp_path / "a", resume=True)
+    assert [r["step"] for r in rows] == [2]
+
+
 @pytest.mark.parametrize("change,message", [
     (dict(num_generations=1), "--num-generations must be >= 2"),
     (dict(loss_type="ppo"), "--loss-type must be one of"),
     (dict(epsilon=-0.1), "--epsilon must be >= 0"),
-    (dict(rollout="ar", mtp_strategy="online-kl"), "needs a speculative --rollout"),
+    (dict(rollout="ar", draft_strategy="online-kl"), "needs a speculative --rollout"),
     (dict(async_mode="one-step", threads=1), "needs --threads >= 2"),
     (dict(draft_len=0), "--draft-len must be >= 1 or 'auto' for --rollout spec"),
     (dict(draft_len="3"), "--draft-len must be an integer or 'auto'"),
@@ -114,7 +125,7 @@ def test_auto_draft_len_reaches_the_engine_and_bounds_the_online_training_depth(
 
     generate = local.generate
     monkeypatch.setattr(local, "generate", spy)
-    cfg = small(steps=1, draft_len="auto", max_draft_len=2, mtp_strategy="online-e2e-tv")
+    cfg = small(steps=1, draft_len="auto", max_draft_len=2, draft_strategy="online-e2e-tv")
     _, rows = run(cfg, tmp_path / "auto")
     assert asked and set(asked) == {("auto", 2)}
     assert "mean_draft_len" in rows[0] and (rows[0]["mean_draft_len"] is None or 0 < rows[0]["mean_draft_len"] <= 2)
@@ -124,7 +135,7 @@ def test_auto_draft_len_reaches_the_engine_and_bounds_the_online_training_depth(
 def test_online_mtp_with_feature_layers_trains_and_syncs(tmp_path):
     """An EAGLE-3 MTP (reading captured target layers) trains online on the policy's features, and the
     one-step worker (another process, holding a copy built from the MTP's config) drafts with it."""
-    cfg = small(steps=2, async_mode="one-step", mtp_strategy="online-kl")
+    cfg = small(steps=2, async_mode="one-step", draft_strategy="online-kl")
     policy, tok = load_model(cfg.model, dtype="float32")
     mtp = new_mtp(policy, seed=1, feature_layers=(0, 1))
     before = {k: v.clone() for k, v in mtp.state_dict().items()}

@@ -12,7 +12,7 @@ def write_run(path, acceptance, step_s=1.0, cpu=None, **config):
     """A written `bebop rl` output directory: one step per acceptance value (None in an ar run), half of each
     step in rollouts; `config` over a frozen spec run's; run.json with `cpu` when given."""
     path.mkdir()
-    config = {"model": "m", "task": "arithmetic", "rollout": "spec", "mtp_strategy": "frozen", "async_mode": "off",
+    config = {"model": "m", "task": "arithmetic", "rollout": "spec", "draft_strategy": "frozen", "async_mode": "off",
               "seed": 0, **config}
     (path / "config.json").write_text(json.dumps(config))
     if cpu is not None:
@@ -86,7 +86,7 @@ def test_report_tables_and_plots_drift_and_the_entropy_fit_of_a_long_run(tmp_pat
 
     run = tmp_path / "spec"
     run.mkdir()
-    config = {"model": "m", "task": "arithmetic", "rollout": "spec", "mtp_strategy": "frozen", "async_mode": "off",
+    config = {"model": "m", "task": "arithmetic", "rollout": "spec", "draft_strategy": "frozen", "async_mode": "off",
               "seed": 0}
     (run / "config.json").write_text(json.dumps(config))
     rows = [{"step": i + 1, "reward_mean": 0.1, "entropy_mean": 1.0 + 0.05 * i,
@@ -110,7 +110,7 @@ def test_report_compares_drafts_step_by_step_and_labels_runs_by_directory(tmp_pa
 
     def write(name, mtp, shift, seed=0):
         acc = [0.4 + 0.1 * (i % 5) / 5 + shift + 0.01 * (-1) ** (i // (2 + seed + (shift > 0))) for i in range(30)]
-        return write_run(tmp_path / name, acc, seed=seed, mtp=f"runs/{mtp}")
+        return write_run(tmp_path / name, acc, seed=seed, draft=f"runs/{mtp}")
 
     dirs = [write("spec-ce", "draft-ce", 0.0), write("spec-tv", "draft-tv", 0.05), write("other", "draft-ce", 0.0, 1)]
     md = write_report(dirs, str(tmp_path / "report"))
@@ -123,6 +123,19 @@ def test_report_compares_drafts_step_by_step_and_labels_runs_by_directory(tmp_pa
     assert "## Drafts compared" in md and "| spec-tv: spec (frozen), off, draft draft-tv | spec-ce:" in md
 
 
+def test_a_run_saved_before_the_draft_fields_were_renamed_reads_under_the_names_now(tmp_path):
+    """config.json of runs from before RLConfig's mtp, mtp_strategy were named draft, draft_strategy."""
+    from bebop.studies.rl_report import read_run, summarize
+
+    old = tmp_path / "old"
+    write_run(old, [0.5, 0.6], mtp="runs/draft-ce")
+    config = json.loads((old / "config.json").read_text())
+    config["mtp_strategy"] = config.pop("draft_strategy")
+    (old / "config.json").write_text(json.dumps(config | {"mtp_strategy": "online-kl"}))
+    s = summarize(read_run(old))
+    assert s["label"] == "old: spec (online-kl), off, draft draft-ce" and s["draft_strategy"] == "online-kl"
+
+
 def test_speedup_over_ar_only_on_the_same_cpu(tmp_path):
     """Three written runs of one seed: ar and spec on one CPU, spec on another. A paused step is counted as a
     stall. Only the spec run beside ar gets a speedup (ar's 2.0 s per step over its 1.0 s); the other is named as
@@ -132,7 +145,7 @@ def test_speedup_over_ar_only_on_the_same_cpu(tmp_path):
 
     def write(name, rollout, step_s, cpu):
         acc = [None if rollout == "ar" else 0.5 + 0.01 * i for i in range(4)]
-        return write_run(tmp_path / name, acc, step_s=step_s, cpu=cpu, rollout=rollout, mtp=None)
+        return write_run(tmp_path / name, acc, step_s=step_s, cpu=cpu, rollout=rollout, draft=None)
 
     dirs = [write("ar", "ar", 2.0, "Intel"), write("spec-here", "spec", 1.0, "Intel"),
             write("spec-there", "spec", 0.5, "AMD")]
@@ -159,7 +172,7 @@ def test_replicates_are_runs_of_one_recipe_compared_on_run_means(tmp_path):
 
     def write(name, mtp, level, seed=0, rollout="spec"):
         acc = [level + 0.01 * (-1) ** i for i in range(10)]
-        return write_run(tmp_path / name, acc, seed=seed, rollout=rollout, mtp=f"runs/{mtp}")
+        return write_run(tmp_path / name, acc, seed=seed, rollout=rollout, draft=f"runs/{mtp}")
 
     dirs = [write("tv", "draft-tv", 0.52), write("ce", "draft-ce", 0.50), write("tv-again", "draft-tv", 0.53),
             write("ce-seed1", "draft-ce", 0.49, seed=1), write("greedy", "draft-tv", 0.45, rollout="spec-greedy")]
