@@ -10,13 +10,13 @@ class DemoConfig:
     """What the demo runs: small enough for a few minutes on 2 cores of an AVX2-only CPU."""
     model: str = "smollm2-135m"
     task: str = "arithmetic"
-    rounds: int = 3  # interleaved rounds; each runs `steps_per_round` steps of each run
-    steps_per_round: int = 2
+    rounds: int = 2  # interleaved rounds (ar then spec, spec then ar); each runs `steps_per_round` steps of each run
+    steps_per_round: int = 3
     prompts_per_step: int = 2
     num_generations: int = 4
     max_completion_length: int = 64
     draft_len: int = 2
-    eval_prompts: int = 16
+    eval_prompts: int = 8  # evaluated before the first round and after each
     exactness_samples: int = 300
     seed: int = 0
 
