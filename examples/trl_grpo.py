@@ -94,7 +94,7 @@ def main(argv=None):
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=5e-6)
     p.add_argument("--draft-len", type=lambda x: x if x == "auto" else int(x), default="auto")
-    p.add_argument("--mtp", default=None, help="MTP checkpoint for bebop spec (default: the shipped one)")
+    p.add_argument("--draft", "--mtp", default=None, help="draft for bebop spec: a checkpoint or EAGLE-3 directory (default: the shipped one)")
     p.add_argument("--dtype", default=None, help="bebop's rollout dtype (default: auto, bfloat16 where faster)")
     p.add_argument("--max-batch", type=int, default=None)
     p.add_argument("--bf16", action="store_true", help="TRL's bf16 autocast for training (default: fp32)")
