@@ -29,7 +29,7 @@ GEN = ["--model", "smollm2-135m", "--prompt", "Write a haiku about the sea.", "-
        "--max-new-tokens", "24", "--draft-len", "3", "--seed", "7"]
 COMMANDS = {
     **{f"generate-{mode}-T{t}-{draft}": ["generate", *GEN, "--mode", mode, "--temperature", str(t),
-                                          "--mtp", str(SHIPPED / f"smollm2-135m-{draft}"),
+                                          "--draft", str(SHIPPED / f"smollm2-135m-{draft}"),
                                           "--output", str(WORK / f"generate-{mode}-T{t}-{draft}.jsonl")]
        for draft in ("mtp", "eagle3") for mode in ("ar", "spec", "spec-greedy") for t in (0, 1)},
     "make-data": ["make-data", "--model", "smollm2-135m", "--num-samples", "8", "--heldout-samples", "4",
