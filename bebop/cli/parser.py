@@ -196,7 +196,7 @@ def add_train_args(p):
     p.add_argument("--seed", type=int, default=d.seed, help="random seed")
     p.add_argument("--eval-sequences", type=int, default=d.eval_sequences,
                    help="held-out sequences for teacher-forced acceptance")
-    p.add_argument("--kind", default=d.arch, choices=("mtp", "eagle3"),
+    p.add_argument("--kind", default=d.kind, choices=("mtp", "eagle3"),
                    help="the draft kind: mtp (DeepSeek-V3 layout, bebop's engine) or eagle3 (LlamaForCausalLMEagle3, "
                    "which vLLM and SGLang load: `bebop export`); eagle3 reads 3 target layers, by default vLLM's")
     p.add_argument("--mtp-layers", type=int, default=d.mtp_layers,

@@ -56,7 +56,7 @@ def train_config(args):
     return TrainConfig(loss=args.loss, draft_len=args.draft_len, steps=args.steps, batch_size=args.batch_size,
                        lr=args.learning_rate, draft_vocab=args.draft_vocab, eval_every=args.eval_every,
                        save_every=args.save_every, eval_prompts=args.eval_prompts, seed=args.seed,
-                       max_seq_len=args.max_seq_len, eval_sequences=args.eval_sequences, arch=args.kind,
+                       max_seq_len=args.max_seq_len, eval_sequences=args.eval_sequences, kind=args.kind,
                        mtp_layers=args.mtp_layers,
                        feature_layers=parse_layers(args.feature_layers),
                        features_dtype=args.features_dtype, autocast=args.autocast)

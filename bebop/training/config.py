@@ -1,7 +1,10 @@
 """`bebop train-draft`'s settings, with their defaults in one place (the command line reads them from here). No
 torch: the parser imports it to build --help."""
 
-from dataclasses import dataclass
+import warnings
+from dataclasses import InitVar, dataclass
+
+RENAMED_FIELDS = {"arch": "kind"}  # old name -> name now, for configs saved before the rename
 
 
 @dataclass
@@ -24,7 +27,7 @@ class TrainConfig:
     eval_new_tokens: int = 48
     save_every: int = 100
     seed: int = 0
-    arch: str = "mtp"  # the draft kind: "mtp" (DeepSeek-V3 layout) or "eagle3" (what vLLM and SGLang load)
+    kind: str = "mtp"  # the draft kind: "mtp" (DeepSeek-V3 layout) or "eagle3" (what vLLM and SGLang load)
     mtp_layers: int = 1  # decoder blocks of a fresh MTP (DeepSeek-V3: 1)
     feature_layers: tuple[int, ...] = ()  # target layers a fresh MTP reads (EAGLE-3); () = the last hidden state
     # machine-dependent speed-ups, as the CLI sets them: the features' forward in float32, bfloat16 or auto, and
@@ -32,3 +35,15 @@ class TrainConfig:
     # cached --dtype probe chose bf16 for the model (float32 / off where it did not, or never probed it)
     features_dtype: str = "auto"
     autocast: str = "auto"
+    arch: InitVar[str | None] = None  # the old name of `kind`, accepted for one release with a DeprecationWarning
+
+    def __post_init__(self, arch):
+        if arch is not None:
+            warnings.warn("TrainConfig(arch=...) is now TrainConfig(kind=...); arch= goes in the next release",
+                          DeprecationWarning, stacklevel=3)
+            self.kind = arch
+
+
+def with_current_names(saved: dict) -> dict:
+    """A saved TrainConfig (a checkpoint's identity) with the fields renamed since under their names now."""
+    return {RENAMED_FIELDS.get(k, k): v for k, v in saved.items()}

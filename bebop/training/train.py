@@ -40,7 +40,7 @@ from bebop.training import losses
 from bebop.training.data import data_identity, load_meta, load_split
 from bebop.training.features import TargetFeatures
 from bebop.training.losses import LOSSES, loss_at, loss_value
-from bebop.training.config import TrainConfig
+from bebop.training.config import TrainConfig, with_current_names
 from bebop.training.targets import autocast, depth_tensors  # (old names here, kept for one release)
 
 
@@ -117,9 +117,9 @@ def check_settings(target, cfg: TrainConfig) -> tuple[int, ...]:
     if len({i % n_layers for i in cfg.feature_layers}) != len(cfg.feature_layers):
         raise BebopError(f"--feature-layers {list(cfg.feature_layers)}: a layer is given twice")
     feature_layers = tuple(i % n_layers for i in cfg.feature_layers)
-    if cfg.arch not in ("mtp", "eagle3"):
-        raise BebopError(f"unknown --kind '{cfg.arch}' (choose from mtp, eagle3)")
-    if cfg.arch == "eagle3":
+    if cfg.kind not in ("mtp", "eagle3"):
+        raise BebopError(f"unknown --kind '{cfg.kind}' (choose from mtp, eagle3)")
+    if cfg.kind == "eagle3":
         if cfg.mtp_layers != 1:
             raise BebopError("--kind eagle3 has one decoder layer: --mtp-layers must be 1")
         feature_layers = feature_layers or tuple(default_feature_layers(n_layers))
@@ -153,7 +153,8 @@ def resumable_checkpoint(out, ckpt_dir, identity: dict, resume: bool):
                          f"pass --resume to continue it, or choose another --out")
     if ckpt is None:
         return None
-    saved = ckpt.meta.get("identity", {})
+    saved = dict(ckpt.meta.get("identity", {}))
+    saved["config"] = with_current_names(saved.get("config", {}))
     changed = [k for k in identity if saved.get(k) != identity[k]]
     if "data" in changed:
         raise BebopError(f"cannot resume {out}: its checkpoint was trained on other data "
@@ -171,13 +172,13 @@ def build_draft(target, cfg: TrainConfig, init: str | None, feature_layers: tupl
     """A fresh draft: loaded from `init`, or new (seeded by cfg.seed), with its reduced vocabulary if asked."""
     if init:
         mtp = load_draft(init, target)
-        if cfg.arch == "eagle3" and not cfg.feature_layers:  # an EAGLE-3 draft's own layers, by default
+        if cfg.kind == "eagle3" and not cfg.feature_layers:  # an EAGLE-3 draft's own layers, by default
             feature_layers = tuple(mtp.feature_layers)
-    elif cfg.arch == "eagle3":
+    elif cfg.kind == "eagle3":
         mtp = new_draft(target, "eagle3", seed=cfg.seed, feature_layers=feature_layers)
     else:
         mtp = new_draft(target, "mtp", seed=cfg.seed, layers=cfg.mtp_layers, feature_layers=feature_layers)
-    if init and (mtp.arch, mtp.config.layers, tuple(mtp.feature_layers)) != (cfg.arch, cfg.mtp_layers, feature_layers):
+    if init and (mtp.arch, mtp.config.layers, tuple(mtp.feature_layers)) != (cfg.kind, cfg.mtp_layers, feature_layers):
         raise BebopError(f"--init {init} is an {mtp.arch} draft with "
                          f"{mtp.config.layers} layer(s) and feature layers {list(mtp.feature_layers) or 'none'}; "
                          f"pass the same --kind, --mtp-layers and --feature-layers")

@@ -19,6 +19,7 @@ from bebop.training.features import TargetFeatures
 from bebop.training.train import TrainConfig, teacher_forced_eval, train_draft
 from bebop.training.data import load_split
 from bebop.errors import BebopError
+from bebop.io import load_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +160,16 @@ def test_resume_refuses_other_data_other_settings_or_nothing(sharp, data, tmp_pa
         train_draft(model, other, tmp_path / "m", cfg, resume=True, progress=False)
     shutil.copytree(data, tmp_path / "moved")  # the same bytes elsewhere are the same data
     train_draft(model, tmp_path / "moved", tmp_path / "m", cfg, resume=True, progress=False)
+    meta_path = load_checkpoint(tmp_path / "m.ckpt").path / "meta.json"  # as saved before `arch` became `kind`
+    meta = json.loads(meta_path.read_text())
+    meta["identity"]["config"]["arch"] = meta["identity"]["config"].pop("kind")
+    meta_path.write_text(json.dumps(meta))
+    train_draft(model, data, tmp_path / "m", cfg, resume=True, progress=False)
+
+
+def test_the_old_name_of_the_draft_kind_still_configures_it_with_a_warning():
+    with pytest.warns(DeprecationWarning, match=r"TrainConfig\(kind=...\)"):
+        assert TrainConfig(arch="eagle3") == TrainConfig(kind="eagle3")
 
 
 def test_a_torn_mtp_pair_is_refused(sharp, tmp_path):
@@ -182,7 +193,7 @@ def test_an_eagle3_draft_trains_exports_and_fine_tunes_from_its_export(sharp, da
 
     model, _ = sharp
     before = heldout_alpha(model, new_eagle3(model, seed=0), data)
-    cfg = TrainConfig(arch="eagle3", loss="kl+e2e-tv", draft_len=2, steps=40, batch_size=8, lr=3e-3, eval_every=40,
+    cfg = TrainConfig(kind="eagle3", loss="kl+e2e-tv", draft_len=2, steps=40, batch_size=8, lr=3e-3, eval_every=40,
                       save_every=40, eval_prompts=2, eval_new_tokens=8, draft_vocab=128,
                       features_dtype="float32", autocast="off")
     draft = train_draft(model, data, tmp_path / "e3", cfg, progress=False)
