@@ -138,9 +138,10 @@ def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, 
     the residual max(p - q, 0) is p outside the draft vocabulary, so only the draft vocabulary's columns change.
     Returns tokens [B, K+1] (accepted drafts, the residual/bonus token, then PLACEHOLDER_TOKEN_ID) and num_accepted [B]."""
     B, K = draft_tokens.shape
-    rows = torch.arange(B)
+    device = target_probs.device
+    rows = torch.arange(B, device=device)
     if K == 0:
-        return sample(target_probs[:, 0], final_u).unsqueeze(1), torch.zeros(B, dtype=torch.long)
+        return sample(target_probs[:, 0], final_u).unsqueeze(1), torch.zeros(B, dtype=torch.long, device=device)
     p_x = target_probs[:, :K].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1).double()
     if vocab_ids is None:
         q_x = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1).double()
@@ -157,8 +158,8 @@ def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, 
     last_q = torch.where((num_accepted < K).unsqueeze(-1), draft_probs[rows, num_accepted.clamp(max=K - 1)], 0.0)
     correction = residual(last_p, last_q, vocab_ids)
     last = sample(correction, final_u)
-    tokens = torch.full((B, K + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.long)
-    keep = torch.arange(K).unsqueeze(0) < num_accepted.unsqueeze(1)
+    tokens = torch.full((B, K + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=device)
+    keep = torch.arange(K, device=device).unsqueeze(0) < num_accepted.unsqueeze(1)
     tokens[:, :K] = torch.where(keep, draft_tokens, PLACEHOLDER_TOKEN_ID)
     tokens[rows, num_accepted] = last
     return tokens, num_accepted
@@ -168,7 +169,7 @@ def rejection_sample(target_probs, draft_probs, draft_tokens, generator=None):
     """Public entry point: `rejection_sample_uniform` with float64 uniforms drawn from `generator`.
     Greedy drafting is the same call with one-hot draft_probs."""
     B, K = draft_tokens.shape
-    u = torch.rand(B, K + 1, dtype=torch.float64, generator=generator)
+    u = torch.rand(B, K + 1, dtype=torch.float64, generator=generator).to(target_probs.device)
     return rejection_sample_uniform(target_probs, draft_probs, draft_tokens, u[:, :K], u[:, K])
 
 

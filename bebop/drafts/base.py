@@ -108,10 +108,10 @@ class Draft(nn.Module):
     # ----- vocabulary -----
     def set_draft_vocab(self, vocab_ids: torch.Tensor | None):
         """Restrict the draft head to `vocab_ids` (sorted unique token ids), or None for the full vocabulary."""
-        ids = torch.arange(0) if vocab_ids is None else torch.as_tensor(vocab_ids, dtype=torch.long).unique()
-        self.vocab_ids = ids
-        self.config.draft_vocab_size = len(ids)
         w = self.target.lm_head.weight.detach()  # frozen; a plain tensor so it never enters our state dict
+        ids = torch.arange(0) if vocab_ids is None else torch.as_tensor(vocab_ids, dtype=torch.long).unique()
+        self.vocab_ids = ids = ids.to(w.device)
+        self.config.draft_vocab_size = len(ids)
         self.head_weight = w if len(ids) == 0 else w[ids].contiguous()
 
     def full_vocab(self, draft_probs: torch.Tensor) -> torch.Tensor:
@@ -125,7 +125,7 @@ class Draft(nn.Module):
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         c = self.target.cfg
         return KVCache(len(self.blocks), batch, c.n_kv_heads, max_len, c.head_dim, self.enorm.weight.dtype,
-                       paged=self.target.attention[0] == PAGED)
+                       paged=self.target.attention[0] == PAGED, device=self.enorm.weight.device)
 
     def features(self, target_out: torch.Tensor) -> torch.Tensor:
         """The depth-1 input [.., d] from what the target gives the draft (target_forward): its last hidden state

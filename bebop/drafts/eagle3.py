@@ -111,7 +111,7 @@ class Eagle3(Draft):
                 getattr(layer, name).load_state_dict(getattr(last, name).state_dict())
             draft.norm.weight.copy_(target.norm.weight)
         draft.set_draft_vocab(None)
-        return draft.to(target.embed.weight.dtype).eval()
+        return draft.to(target.embed.weight.device, target.embed.weight.dtype).eval()
 
 
 new_eagle3 = Eagle3.fresh  # old name, kept for one release

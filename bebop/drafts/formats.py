@@ -152,4 +152,4 @@ def load_eagle3(path: str | Path, target: Decoder) -> Eagle3:
     if wrong:
         raise BebopError(f"{where} does not fit model '{getattr(target, 'name', '?')}': weight shapes of {wrong[:4]}")
     draft.load_state_dict({ours: torch.cat(parts) for ours, parts in pieces.items()}, strict=False)
-    return draft.to(target.embed.weight.dtype).eval()
+    return draft.to(target.embed.weight.device, target.embed.weight.dtype).eval()

@@ -54,7 +54,7 @@ class MTP(Draft):
             nn.init.normal_(mtp.fc.weight, std=0.02)
         for block, layer in zip(mtp.blocks, target.layers[-layers:]):
             block.load_state_dict(layer.state_dict())
-        return mtp.to(target.embed.weight.dtype).eval()
+        return mtp.to(target.embed.weight.device, target.embed.weight.dtype).eval()
 
 
 new_mtp = MTP.fresh  # old name, kept for one release

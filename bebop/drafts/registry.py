@@ -117,7 +117,7 @@ def draft_from_state(target: Decoder, state: dict, raw: dict, where: str) -> Dra
         bad = sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
         raise BebopError(f"{fits}: mismatched weights {bad[:4]}{' ...' if len(bad) > 4 else ''}")
     mtp.load_state_dict(state, strict=False)
-    return mtp.to(target.embed.weight.dtype).eval()
+    return mtp.to(target.embed.weight.device, target.embed.weight.dtype).eval()
 
 
 # old names, kept for one release

@@ -35,10 +35,10 @@ from bebop.sampling import SamplingParams, entropy
 COST_FILE = "draft-costs-v5.json"  # the version: what the probe times (a new version probes afresh)
 
 
-def machine() -> str:
-    """What the cost table depends on besides the model: the accelerator or the CPU model, and threads."""
-    if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name()}"
+def machine(device: torch.device) -> str:
+    """What the cost table depends on besides the model: the GPU, or the CPU model and threads."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
     return f"{cpu.cpu_model()} [{cpu.describe()}] x{torch.get_num_threads()} threads"
 
 
@@ -67,8 +67,9 @@ def probe_costs(target, mtp, batch: int, max_k: int, context: int = 64, repeats:
     def step(K):  # a drafting step catches the draft up on the K + 1 positions a fully accepted step left
         cache.lengths.fill_(context)
         mcache.lengths.fill_(context - K - 1)
-        rows = Rows(list(range(batch)), row_gens, torch.zeros(batch, dtype=torch.long), tokens[:, context].clone(),
-                    tokens[:, :K + 1].clone(), feats[:, :K + 1].clone(), torch.full((batch,), K + 1))
+        rows = Rows(list(range(batch)), row_gens, torch.zeros(batch, dtype=torch.long, device=device),
+                    tokens[:, context].clone(), tokens[:, :K + 1].clone(), feats[:, :K + 1].clone(),
+                    torch.full((batch,), K + 1, device=device))
         p = speculative_step(target, mtp, rows, cache, mcache, K, params, False, vocab_ids)[2]
         entropy(p)
         if device.type == "cuda":
@@ -98,7 +99,7 @@ def step_costs(target, mtp, batch: int, max_k: int) -> list[float]:
     that contradicted itself only for this process)."""
     b = bucket(batch)
     key = "|".join([str(target.name or f"dim{target.cfg.dim}x{target.cfg.n_layers}"),
-                    str(target.embed.weight.dtype), str(target.embed.weight.device.type), machine(),
+                    str(target.embed.weight.dtype), str(target.embed.weight.device.type), machine(target.embed.weight.device),
                     f"attention={','.join(target.attention)}", f"linear={target.linear}",
                     f"compiled={int(target.compiled)}",
                     f"draft_vocab={len(mtp.vocab_ids) or target.cfg.vocab_size}", f"draft={mtp.arch}",

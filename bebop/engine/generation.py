@@ -151,10 +151,10 @@ def feed_pile(d: Decoding, mtp: Draft | None, rows: Rows, K: int, width: int) ->
 
 def trace_step(mtp: Draft, rows: Rows, K: int, num_accepted, p, q_own) -> dict:
     """token_stats of every draft position the acceptance walk examined, with its row, depth and outcome."""
-    examined = torch.arange(K).unsqueeze(0) <= num_accepted.unsqueeze(1)  # [B, K] reached in the walk
+    examined = torch.arange(K, device=p.device).unsqueeze(0) <= num_accepted.unsqueeze(1)  # [B, K] reached in the walk
     ts = token_stats(p[:, :K], mtp.full_vocab(q_own))
     r_idx, d_idx = examined.nonzero(as_tuple=True)
-    return {"row": torch.tensor(rows.request)[r_idx], "depth": d_idx, "accepted": num_accepted[r_idx] > d_idx,
+    return {"row": torch.tensor(rows.request, device=r_idx.device)[r_idx], "depth": d_idx, "accepted": num_accepted[r_idx] > d_idx,
             **{k: v[r_idx, d_idx] for k, v in ts.items()}}
 
 

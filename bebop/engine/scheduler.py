@@ -55,7 +55,8 @@ class Scheduler:
                  progress: bool, mode: str):
         self.target, self.mtp, self.prompts, self.params = target, mtp, prompts, params
         self.max_new_tokens, self.cache, self.mcache, self.acceptance = max_new_tokens, cache, mcache, acceptance
-        self.eos, self.eos_t = eos, torch.tensor(sorted(eos), dtype=torch.long)
+        self.device = target.embed.weight.device
+        self.eos, self.eos_t = eos, torch.tensor(sorted(eos), dtype=torch.long, device=self.device)
         self.on_finish = on_finish
         N, self.batch = len(prompts), cache.lengths.shape[0]
         self.request_gens = row_generators(seed, N)
@@ -65,7 +66,7 @@ class Scheduler:
         self.waiting = Counter(tuple(p) for p in prompts)
         self.prefilled = {}  # prompt -> (cache, MTP cache, row, the MTP's input at its last position, p of token 1)
         feat_dim = target.cfg.dim * (len(mtp.feature_layers) if mtp is not None and mtp.feature_layers else 1)
-        self.rows = Rows.empty(self.batch, feat_dim, target.embed.weight.dtype)
+        self.rows = Rows.empty(self.batch, feat_dim, target.embed.weight.dtype, self.device)
         self.bar = tqdm(total=N * max_new_tokens, desc=f"generate {mode}", unit="tok", disable=not progress,
                         leave=False)
 
@@ -80,12 +81,12 @@ class Scheduler:
         new = list(dict.fromkeys(key for key in (tuple(self.prompts[i]) for i in requests) if key not in self.prefilled))
         if not new:
             return
-        lens = torch.tensor([len(p) for p in new])
-        tokens = right_pad(new)  # a row's padding is never attended to
+        lens = torch.tensor([len(p) for p in new], device=self.device)
+        tokens = right_pad(new).to(self.device)  # a row's padding is never attended to
         tc = target.new_cache(len(new), tokens.shape[1])
         hidden, feats = target_forward(target, mtp, tokens, tc)
         tc.lengths = lens.clone()
-        last = hidden[torch.arange(len(new)), lens - 1]
+        last = hidden[torch.arange(len(new), device=self.device), lens - 1]
         p = probabilities(target.logits(last), self.params)
         tmc = None
         if mtp is not None:  # the MTP sees every prompt position but the last now; the last comes with token 1
@@ -93,7 +94,7 @@ class Scheduler:
             if tokens.shape[1] > 1:
                 mtp(tokens[:, 1:], mtp.features(feats[:, :-1]), tmc)
             tmc.lengths = lens - 1
-        last_feats = feats[torch.arange(len(new)), lens - 1]
+        last_feats = feats[torch.arange(len(new), device=self.device), lens - 1]
         for j, key in enumerate(new):
             self.prefilled[key] = (tc, tmc, j, last_feats[j], p[j])
 
@@ -110,7 +111,7 @@ class Scheduler:
         if self.acceptance is not None:
             self.acceptance.reset_row(row)
         g = self.request_gens[i]
-        tok = int(sample(p, torch.rand(1, generator=g, dtype=torch.float64)[0]))
+        tok = int(sample(p, torch.rand(1, generator=g, dtype=torch.float64)[0].to(p.device)))
         rows = self.rows
         rows.request[row], rows.gen[row], rows.n_out[row], rows.pending[row] = i, g, 1, tok
         rows.pile_tokens[row, 0], rows.pile_feats[row, 0], rows.pile_count[row] = tok, last, 1
@@ -156,7 +157,7 @@ class Scheduler:
         """Append each row's emitted tokens (cut at EOS or the limit); returns the rows that finished."""
         rows = self.rows
         n_emit = torch.minimum(num_accepted + 1, self.max_new_tokens - rows.n_out)
-        cols = torch.arange(step_tokens.shape[1]).unsqueeze(0)
+        cols = torch.arange(step_tokens.shape[1], device=step_tokens.device).unsqueeze(0)
         is_eos = torch.isin(step_tokens, self.eos_t) & (cols < n_emit.unsqueeze(1))
         hit_eos = is_eos.any(1)
         n_emit = torch.where(hit_eos, is_eos.long().argmax(1) + 1, n_emit)

@@ -29,7 +29,7 @@ def draft(mtp: Draft, tokens, feats, count, cache, K, params, greedy, u):
     target_forward returns them), then draft K tokens recursively.
     Returns draft tokens [B, K] (target vocabulary ids), the distributions to verify them against [B, K, Vd]
     (one-hot when greedy) and the MTP's own distributions [B, K, Vd], both over the draft vocabulary."""
-    rows = torch.arange(tokens.shape[0])
+    rows = torch.arange(tokens.shape[0], device=tokens.device)
     h = mtp(tokens, mtp.features(feats), cache)[rows, count - 1]
     cache.lengths += count
     drafts, verify_q, q_own = [], [], []
@@ -49,7 +49,7 @@ def draft(mtp: Draft, tokens, feats, count, cache, K, params, greedy, u):
 def catch_up(mtp: Draft, tokens, feats, count, cache):
     """Feed the MTP all but the last of each row's pending positions, without drafting: the positions plain
     steps (K = 0) piled up, when drafting resumes. Returns the new, one-long pile."""
-    rows = torch.arange(tokens.shape[0])
+    rows = torch.arange(tokens.shape[0], device=tokens.device)
     mtp(tokens, mtp.features(feats), cache)
     cache.lengths += count - 1
     last = count - 1
@@ -70,16 +70,19 @@ class Rows:
     pile_count: torch.Tensor  # [B] pile positions in use per row (W >= max)
 
     @classmethod
-    def empty(cls, batch: int, feat_dim: int, dtype) -> "Rows":
-        return cls([NO_REQUEST] * batch, [None] * batch, torch.zeros(batch, dtype=torch.long),
-                   torch.zeros(batch, dtype=torch.long), torch.zeros(batch, 1, dtype=torch.long),
-                   torch.zeros(batch, 1, feat_dim, dtype=dtype), torch.ones(batch, dtype=torch.long))
+    def empty(cls, batch: int, feat_dim: int, dtype, device=None) -> "Rows":
+        def zeros(*shape, dtype=torch.long):
+            return torch.zeros(shape, dtype=dtype, device=device)
+        return cls([NO_REQUEST] * batch, [None] * batch, zeros(batch), zeros(batch), zeros(batch, 1),
+                   zeros(batch, 1, feat_dim, dtype=dtype), zeros(batch) + 1)
 
     def __len__(self) -> int:
         return len(self.request)
 
     def keep(self, keep: torch.Tensor) -> "Rows":
-        return Rows([self.request[r] for r in keep], [self.gen[r] for r in keep], self.n_out[keep],
+        rows = keep.tolist()
+        keep = keep.to(self.pending.device)
+        return Rows([self.request[r] for r in rows], [self.gen[r] for r in rows], self.n_out[keep],
                     self.pending[keep], self.pile_tokens[keep], self.pile_feats[keep], self.pile_count[keep])
 
     def commit_pile(self, K: int, step_tokens, feats, num_accepted) -> None:
@@ -91,7 +94,7 @@ class Rows:
         if int(self.pile_count.max()) == self.pile_tokens.shape[1]:  # full: twice as wide, a copy per doubling
             self.pile_tokens = torch.cat([self.pile_tokens, torch.zeros_like(self.pile_tokens)], 1)
             self.pile_feats = torch.cat([self.pile_feats, torch.zeros_like(self.pile_feats)], 1)
-        rows = torch.arange(len(self))
+        rows = torch.arange(len(self), device=self.pending.device)
         self.pile_tokens[rows, self.pile_count] = step_tokens[:, 0]
         self.pile_feats[rows, self.pile_count] = feats[:, 0]
         self.pile_count = self.pile_count + 1
@@ -103,9 +106,11 @@ def speculative_step(target: Decoder, mtp: Draft | None, rows: Rows, cache, mcac
     sampling, commit it (K = 0: a plain decoding step). Returns the step's tokens [B, K+1] (-1 past each row's
     accepted drafts and its one corrected or bonus token), num_accepted [B], the target's distributions
     p [B, K+1, V] and the MTP's own q [B, K, Vd] (None without drafts)."""
-    B = len(rows)
-    # every row draws 2K+1 uniforms from its own generator: K to draft, K to accept, one for the last token
+    B, device = len(rows), rows.pending.device
+    # every row draws 2K+1 uniforms from its own generator: K to draft, K to accept, one for the last token.
+    # The generators live on the CPU whatever the model's device, so a seed gives the same uniforms everywhere
     u = torch.stack([torch.rand(2 * K + 1, generator=g, dtype=torch.float64) for g in rows.gen])  # [B, 2K+1]
+    u = u.to(device, non_blocking=True)
     # 1. draft: the MTP catches up on the pile, which yields draft 1, then recurses for drafts 2..K
     q_own = None
     if K:
@@ -114,7 +119,7 @@ def speculative_step(target: Decoder, mtp: Draft | None, rows: Rows, cache, mcac
                                         rows.pile_count, mcache, K, params, greedy, u[:, :K])
         tokens = torch.cat([rows.pending.unsqueeze(1), drafts], 1)  # [B, K+1]
     else:
-        drafts = verify_q = torch.zeros(B, 0, dtype=torch.long)
+        drafts = verify_q = torch.zeros(B, 0, dtype=torch.long, device=device)
         tokens = rows.pending.unsqueeze(1)  # [B, 1]
     # 2. verify: the target scores [pending, x_1..x_K] in one forward
     hidden, feats = target_forward(target, mtp, tokens, cache)
@@ -126,5 +131,5 @@ def speculative_step(target: Decoder, mtp: Draft | None, rows: Rows, cache, mcac
     cache.lengths += num_accepted + 1
     if mtp is not None:
         rows.commit_pile(K, step_tokens, feats, num_accepted)
-    rows.pending = step_tokens[torch.arange(B), num_accepted]
+    rows.pending = step_tokens[torch.arange(B, device=device), num_accepted]
     return step_tokens, num_accepted, p, q_own

@@ -15,13 +15,13 @@ class KVCache:
     compiled forward (bebop.models.compiled) writes every layer's buffer in one graph, and torch.compile
     miscompiled those writes when the buffers were views of one base."""
 
-    def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim, dtype=torch.float32, paged=False):
+    def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim, dtype=torch.float32, paged=False, device=None):
         self.max_len, self.paged = max_len, paged
         shape = (batch, -(-max_len // PAGE), n_kv_heads, PAGE, head_dim) if paged else \
             (batch, n_kv_heads, max_len, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
-        self.lengths = torch.zeros(batch, dtype=torch.long)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -31,7 +31,7 @@ class KVCache:
         """Keep rows `rows` [n], in that order, as rows 0..n-1, so later forwards do no work for the others.
         Only rows that change place are copied (the engine fills a finished row's slot with one of the last
         rows), then each buffer becomes a view of its first n rows, still contiguous."""
-        n = len(rows)
+        n, rows = len(rows), rows.to(self.lengths.device)
         dst = (rows != torch.arange(n, device=rows.device)).nonzero().squeeze(1)
         src = rows[dst]
         for buffers in (self.k, self.v):

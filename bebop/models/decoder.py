@@ -190,7 +190,7 @@ class Decoder(nn.Module):
             raise ValueError(f"sequence length {max_len} exceeds the model's maximum {self.rope_cos.shape[0]}")
         c = self.cfg
         return KVCache(c.n_layers, batch, c.n_kv_heads, max_len, c.head_dim, self.embed.weight.dtype,
-                       paged=self.attention[0] == PAGED)
+                       paged=self.attention[0] == PAGED, device=self.embed.weight.device)
 
     def rope(self, positions):
         return self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
@@ -237,7 +237,8 @@ class Decoder(nn.Module):
         missing, unexpected = model.load_state_dict(convert_hf_state_dict(hf_model.state_dict(), cfg), strict=False)
         if unexpected or set(missing) - {"lm_head.weight"}:  # a tied head is the one allowed absentee
             raise ValueError(f"weights do not fit: missing {missing}, unexpected {unexpected}")
-        return model.to(next(hf_model.parameters()).dtype).eval().requires_grad_(False)
+        weight = next(hf_model.parameters())  # the decoder goes where the transformers model is, in its dtype
+        return model.to(weight.device, weight.dtype).eval().requires_grad_(False)
 
 
 def run_layers(model: Decoder, tokens, k_caches, v_caches, positions, bias, capture):

@@ -60,7 +60,7 @@ def teacher_forced_eval(mtp, feats: TargetFeatures, K, T, batch_size=8) -> dict:
         idx = list(range(start, min(start + batch_size, len(feats.seqs))))
         tokens, lens, plens, hidden, lse, captured = feats.get(idx)
         for kind in dict.fromkeys(feats.kinds[i] for i in idx):
-            rows = torch.tensor([feats.kinds[i] == kind for i in idx])
+            rows = torch.tensor([feats.kinds[i] == kind for i in idx], device=tokens.device)
             q_logits, p, _, mask = depth_tensors(mtp, tokens[rows], lens[rows], plens[rows], hidden[rows], lse[rows],
                                                  None if captured is None else captured[rows], K, T)
             alpha = losses.acceptance(p, q_logits.softmax(-1))
