@@ -28,7 +28,7 @@ def cmd_analyze_entropy(args):
     policies = [(args.model, "base")] + [(p, Path(p).name) for p in args.policy]
     parts = []
     for path, label in policies:
-        model, tok = load_model(path, compile=args.compile, dtype="float32")
+        model, tok = load_model(path, compile=args.compile, dtype="float32", device=args.device)
         mtp = pick_mtp(args.draft, model)
         prompts = [chat_ids(tok, t) for t in texts]
         check_context(model, prompts, args.max_new_tokens)

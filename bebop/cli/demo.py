@@ -11,4 +11,4 @@ def cmd_demo(args):
     check_output_dir(args.out, "--out")
     check_seed(args)
     at_least(args, 1, "rounds")
-    print(run_demo(args.out, replace(DemoConfig(), rounds=args.rounds, seed=args.seed)))
+    print(run_demo(args.out, replace(DemoConfig(), rounds=args.rounds, seed=args.seed, device=args.device)))

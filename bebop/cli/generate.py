@@ -99,7 +99,7 @@ def cmd_bench(args):
     model, tok, mtp = load(args, need_mtp=any("spec" in m for m in modes))
     prompts = [chat_ids(tok, t) for t in texts]
     check_context(model, prompts, args.max_new_tokens)
-    hf_model = load_hf(args.model)[0].to(model.embed.weight.dtype) if "hf" in modes else None
+    hf_model = load_hf(args.model)[0].to(model.embed.weight.device, model.embed.weight.dtype) if "hf" in modes else None
     with tempfile.TemporaryDirectory() as tmp:
         vllm = start_vllm(args, model, mtp, [m for m in modes if m.startswith("vllm")], Path(tmp))
         try:

@@ -30,7 +30,8 @@ def pick_mtp(spec: str | None, model, need_trained=True):
 
 def load(args, need_mtp=True):
     """(model, tokenizer, mtp) from --model / --draft."""
-    model, tok = load_model(args.model, dtype=getattr(args, "dtype", "float32"), compile=args.compile)
+    model, tok = load_model(args.model, dtype=getattr(args, "dtype", "float32"), compile=args.compile,
+                          device=args.device)
     mtp = None
     if need_mtp:
         mtp = pick_mtp(args.draft, model)

@@ -76,9 +76,14 @@ def deprecated(p, old, new):
                    new=new, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
-def add_model_args(p, draft=True, dtype=True, compile=True):
-    """--model, and the options of the commands that use them: --draft, --dtype, --compile."""
+DEVICE_HELP = "where the model runs: auto (a CUDA GPU where torch sees one, else the CPU), cpu, cuda or cuda:N"
+
+
+def add_model_args(p, draft=True, dtype=True, compile=True, device=True):
+    """--model, and the options of the commands that use them: --draft, --dtype, --compile, --device."""
     p.add_argument("--model", default="smollm2-135m", help="registry name or local Hugging Face model directory")
+    if device:
+        p.add_argument("--device", default="auto", help=DEVICE_HELP)
     if draft:
         p.add_argument("--draft", default=None, help="the draft: an MTP checkpoint (NAME.safetensors + NAME.json), an EAGLE-3 "
                    "directory (config.json + *.safetensors, as SpecForge writes and `bebop export` writes), 'random' or "
@@ -120,6 +125,7 @@ def add_sampling_args(p, temperature=1.0, max_new_tokens=True, draft_len=True):
 def add_rl_args(p):
     d = RLConfig()
     p.add_argument("--model", default=d.model, help="registry name or local Hugging Face model directory")
+    p.add_argument("--device", default=d.device, help=DEVICE_HELP + " (the trainer and the rollouts share it)")
     p.add_argument("--draft", default=d.draft, help="the draft, as for generate: a checkpoint, an EAGLE-3 directory, 'random' or "
                    "'random-eagle3'; default: the model's shipped draft (EAGLE-3 for smollm2-135m), required with --draft-strategy "
                    "frozen on a model without one (online strategies train a random one)")
@@ -224,6 +230,7 @@ def build_parser():
     p.add_argument("--rounds", type=int, default=DemoConfig.rounds,
                    help=f"interleaved rounds of {DemoConfig.steps_per_round} steps of each run (more: steadier figures)")
     p.add_argument("--seed", type=int, default=DemoConfig.seed, help="random seed")
+    p.add_argument("--device", default=DemoConfig.device, help=DEVICE_HELP)
     p.set_defaults(func="demo:cmd_demo")
 
     p = sub.add_parser("generate", help="sample completions (plain or speculative)")
@@ -257,7 +264,7 @@ def build_parser():
     p.set_defaults(func="generate:cmd_bench")
 
     p = sub.add_parser("export", help="write a draft in the EAGLE-3 layout vLLM and SGLang load")
-    add_model_args(p, dtype=False, compile=False)
+    add_model_args(p, dtype=False, compile=False, device=False)
     p.add_argument("--format", default="eagle3", choices=("eagle3",), help="the layout (SpecForge's EAGLE-3 directory)")
     p.add_argument("--out", required=True, help="directory to write config.json and model.safetensors to")
     p.set_defaults(func="generate:cmd_export")

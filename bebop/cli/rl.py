@@ -34,7 +34,7 @@ def cmd_rl(args):
             raise BebopError("--rollout-backend vllm needs vLLM: pip install 'bebop-rl[vllm]'")
         hf_dir(cfg.model)
     # fp32 master weights; rollouts use their own --rollout-dtype copy
-    policy, tok = load_model(cfg.model, dtype="float32")
+    policy, tok = load_model(cfg.model, dtype="float32", device=cfg.device)
     mtp = None
     if cfg.rollout != "ar" and cfg.rollout_backend == "vllm" and cfg.draft is None:
         mtp = shipped_draft(policy, "eagle3")  # vLLM loads EAGLE-3 drafts: the model's shipped one

@@ -75,7 +75,7 @@ def cmd_train_draft(args):
     if not args.resume and has_checkpoint(args.out):
         raise BebopError(f"{args.out} already holds a training run ({paths(args.out)[2]}); pass --resume to "
                          f"continue it, or choose another --out")
-    model, _ = load_model(args.model, compile=args.compile, dtype="float32")
+    model, _ = load_model(args.model, compile=args.compile, dtype="float32", device=args.device)
     train_draft(model, args.data, args.out, cfg, init=args.init, resume=args.resume,
               command="bebop " + " ".join(sys.argv[1:]))
     print(f"wrote {args.out}.safetensors and {args.out}.json", file=sys.stderr)
@@ -91,7 +91,7 @@ def cmd_compare_losses(args):
     temperatures = number_list(args.temperatures, float, 0)
     at_least(args, 1, "final_eval_prompts", "max_new_tokens")
     check_output_dir(args.out, "--out")
-    model, _ = load_model(args.model, compile=args.compile, dtype="float32")
+    model, _ = load_model(args.model, compile=args.compile, dtype="float32", device=args.device)
     compare_losses(model, args.data, names, cfg, args.out, temperatures=temperatures,
                    eval_prompts=args.final_eval_prompts, eval_new_tokens=args.max_new_tokens, seed=args.seed)
     print((Path(args.out) / "compare.md").read_text())

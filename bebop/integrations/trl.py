@@ -95,6 +95,8 @@ class BebopRollout:
     transformers model) or a dtype name as bebop.models.registry.load_model takes it.
     max_batch: at most this many rows decoding at once (continuous batching); None = all of the call's prompts.
     seed: base of the per-sample seeds; None = the trainer's `args.seed`.
+    device: where a model given by name runs (bebop.models.devices: auto, cpu, cuda, cuda:N); a transformers
+    model's decoder goes where its weights are.
     backend: "bebop" (bebop's engine, the default) or "vllm": vLLM generates instead (bebop.backends.vllm.worker, in a
     process of its own, started at the first call), with the draft's EAGLE-3 export (default: the model's
     shipped EAGLE-3 draft) and a fixed draft_len; every sync writes bebop's copy of the weights into vLLM in
@@ -102,7 +104,8 @@ class BebopRollout:
 
     def __init__(self, model=DEFAULT_MODEL, mode: str = "spec", draft_len: int | str = "auto", dtype: str | None = None,
                  draft: str | Draft | None = None, max_batch: int | None = None, seed: int | None = None,
-                 progress: bool = False, backend: str = "bebop", *, mtp: str | Draft | None = None):
+                 progress: bool = False, backend: str = "bebop", device: str = "auto", *,
+                 mtp: str | Draft | None = None):
         draft = draft_or_old_mtp(draft, mtp, "BebopRollout")
         if mode not in MODES:
             raise BebopError(f"unknown mode '{mode}' (choose from {', '.join(MODES)})")
@@ -119,7 +122,7 @@ class BebopRollout:
         if max_batch is not None and max_batch < 1:
             raise BebopError(f"max_batch must be >= 1, got {max_batch}")
         if isinstance(model, str):
-            self.decoder, _ = load_model(model, dtype=dtype or "auto")  # load_model checks the dtype
+            self.decoder, _ = load_model(model, dtype=dtype or "auto", device=device)  # it checks both
         else:
             try:
                 self.decoder = Decoder.from_hf(model)

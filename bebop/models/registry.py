@@ -20,7 +20,7 @@ import torch
 from bebop.errors import BebopError
 from bebop.models.decoder import Decoder
 from bebop.models import DTYPES, compiled
-from bebop.models import gguf_llama, tuning
+from bebop.models import devices, gguf_llama, tuning
 
 DEFAULT_MODEL = "smollm2-135m"
 CHATML_TEMPLATE = (
@@ -225,7 +225,8 @@ def compile_mode(compile: str | None) -> str:
     return compile
 
 
-def load_model(name: str, max_len: int | None = None, dtype: str = "auto", compile: str | None = None):
+def load_model(name: str, max_len: int | None = None, dtype: str = "auto", compile: str | None = None,
+               device: str = "auto"):
     """(Decoder, tokenizer) for a registry name, a local model directory or a Hugging Face id already in the
     local Hugging Face cache (`Qwen/Qwen3-0.6B`; resolved offline, never downloaded). The transformers model is only a weight source and is dropped. bfloat16 halves
     the weight traffic and lets the CPU's matrix units work on multi-token (verification, batched) forwards;
@@ -233,9 +234,12 @@ def load_model(name: str, max_len: int | None = None, dtype: str = "auto", compi
     once per machine and model; pass dtype="float32" for fp32 weights whatever the machine (training, RL policies).
     `max_len` (positions) defaults to the model's own context, its config's max_position_embeddings.
     `compile` (compiled.COMPILE_MODES; None: $BEBOP_COMPILE): "0" eager, "1" the compiled decode step, "auto" compiled
-    where the tuning finds it faster."""
+    where the tuning finds it faster.
+    `device` (bebop.models.devices): auto (CUDA where torch sees a GPU, else the CPU), cpu, cuda or cuda:N. On a
+    GPU, dtype auto is bfloat16 and no CPU probe runs."""
     if dtype not in (*DTYPES, "auto"):
         raise BebopError(f"unknown dtype '{dtype}' (choose from auto, {', '.join(DTYPES)})")
+    device = devices.resolve_device(device)
     mode = compile_mode(compile)
     hf, tok = load_hf(name)
     max_len = max_len or context_length(hf.config)
@@ -244,7 +248,10 @@ def load_model(name: str, max_len: int | None = None, dtype: str = "auto", compi
     except ValueError as e:
         raise BebopError(f"cannot load '{name}': {e}") from None
     decoder.name, decoder.compile_mode = name, mode
-    if dtype == "auto":
+    if device.type == "cuda":  # the CPU's probes, kernels and threads have nothing to say here
+        dtype = "bfloat16" if dtype == "auto" else dtype
+        decoder.compiled = compiled.wanted(mode, False)
+    elif dtype == "auto":
         choice = probed_choice(decoder, name)  # None for the seeded test models: fp32, fast and exact
         dtype = choice["dtype"] if choice else "float32"
         if choice:
@@ -253,7 +260,7 @@ def load_model(name: str, max_len: int | None = None, dtype: str = "auto", compi
     else:  # a forced dtype still gets the faster kernels if this machine was probed
         decoder.attention, decoder.linear = probed_kernels(decoder, dtype)
         decoder.compiled = probed_compiled(decoder, dtype)
-    decoder = decoder.to(DTYPES[dtype])
+    decoder = decoder.to(device, DTYPES[dtype])
     decoder.eos_ids = eos_ids(tok, hf.generation_config)
     return decoder, tok
 

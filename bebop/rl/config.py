@@ -23,6 +23,7 @@ RENAMED_FIELDS = {"mtp": "draft", "mtp_strategy": "draft_strategy", "mtp_learnin
 @dataclass
 class RLConfig:
     model: str = "smollm2-135m"
+    device: str = "auto"  # auto: a CUDA GPU where torch sees one, else the CPU (bebop.models.devices)
     draft: str | None = None  # checkpoint path or EAGLE-3 directory, 'random', or None = the model's shipped draft
     task: str = "arithmetic"
     difficulty: str | None = None  # the task's default level if None

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from bebop.engine.draft_len import probe_buckets
 from bebop.engine.generation import DEFAULT_MAX_DRAFT_LEN, generate
 from bebop.engine.stats import SpecStats
-from bebop.models import cpu
+from bebop.models import cpu, devices
 from bebop.sampling import SamplingParams
 
 COMPILED = "-compiled"  # the mode suffix for the compiled step
@@ -32,8 +32,10 @@ COMPILED = "-compiled"  # the mode suffix for the compiled step
 
 def environment(model) -> dict:
     """What a throughput figure depends on: the dtype, the decode attention kernels in use (for one new token
-    per row, for several) and the linear kind, the CPU and what it can run (bebop.models.cpu), threads."""
-    return {"dtype": str(model.embed.weight.dtype).removeprefix("torch."), "attention": list(model.attention),
+    per row, for several) and the linear kind, the device (a GPU's name, or cpu), the CPU and what it can run
+    (bebop.models.cpu), threads."""
+    device = model.embed.weight.device
+    return {"dtype": str(model.embed.weight.dtype).removeprefix("torch."), "device": devices.describe(device), "attention": list(model.attention),
             "linear": model.linear, "compiled": model.compiled, "cpu": cpu.cpu_model(), "cpu_capability": cpu.describe(),
             "threads": torch.get_num_threads(), "torch": torch.__version__}
 
@@ -45,8 +47,8 @@ def hf_generate(hf_model, tokenizer, prompts, max_new_tokens, params: SamplingPa
     torch.manual_seed(seed)
     width = max(map(len, prompts))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=hf_model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=hf_model.device)
     sampling = dict(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k) \
         if params.temperature > 0 else dict(do_sample=False)
     stop = dict(eos_token_id=eos_ids) if eos_ids else dict(min_new_tokens=max_new_tokens)
@@ -54,7 +56,7 @@ def hf_generate(hf_model, tokenizer, prompts, max_new_tokens, params: SamplingPa
                             **sampling)[:, width:]
     if not eos_ids:
         return new.numel()
-    is_eos = torch.isin(new, torch.tensor(eos_ids))
+    is_eos = torch.isin(new, torch.tensor(eos_ids, device=new.device))
     first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, new.shape[1])  # finished rows are padded
     return int(first.sum())
 

@@ -42,7 +42,7 @@ def run_demo(out, cfg: DemoConfig = DemoConfig()) -> str:
     total = configs["ar"].steps
     train = rl_tasks(cfg.task, total * cfg.prompts_per_step, cfg.seed, "train")
     heldout = rl_tasks(cfg.task, cfg.eval_prompts, cfg.seed, "heldout")
-    policies = {name: load_model(cfg.model, dtype="float32") for name in configs}  # fp32 masters, trained in place
+    policies = {name: load_model(cfg.model, dtype="float32", device=cfg.device) for name in configs}  # fp32 masters, trained in place
     tok = policies["ar"][1]
     draft = trained_draft(policies["spec"][0])
     if draft is None:

@@ -19,9 +19,10 @@ class DemoConfig:
     eval_prompts: int = 8  # evaluated before the first round and after each
     exactness_samples: int = 300
     seed: int = 0
+    device: str = "auto"
 
     def rl(self, rollout: str) -> RLConfig:
-        return RLConfig(model=self.model, task=self.task, steps=self.rounds * self.steps_per_round,
+        return RLConfig(model=self.model, device=self.device, task=self.task, steps=self.rounds * self.steps_per_round,
                         prompts_per_step=self.prompts_per_step, num_generations=self.num_generations,
                         max_completion_length=self.max_completion_length, eval_prompts=self.eval_prompts,
                         rollout=rollout, draft_len=self.draft_len, max_draft_len=self.draft_len, async_mode="off",

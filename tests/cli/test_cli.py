@@ -420,19 +420,19 @@ def test_bench_vllm_modes_refuse_what_vllm_cannot_run_before_starting_it(capsys,
     assert "pip install 'bebop-rl[vllm]'" in run_error(capsys, [*bench, "--modes", "vllm"])
 
 
-def test_compile_flag_reaches_the_model_loader(tmp_path, capsys, monkeypatch):
+def test_compile_and_device_flags_reach_the_model_loader(tmp_path, capsys, monkeypatch):
     import bebop.cli.loading as loading
 
     seen, real = [], loading.load_model
 
-    def spy(name, dtype="float32", compile=None):
-        seen.append(compile)
-        return real(name, dtype=dtype, compile="0")  # (eager here: compiling takes minutes)
+    def spy(name, dtype="float32", compile=None, device="auto"):
+        seen.append((compile, device))
+        return real(name, dtype=dtype, compile="0", device=device)  # (eager here: compiling takes minutes)
 
     monkeypatch.setattr(loading, "load_model", spy)
     base = ["generate", "--model", "tiny-llama", "--prompt", "hi", "--max-new-tokens", "2", "--mode", "ar"]
-    main([*base, "--compile", "1"])
+    main([*base, "--compile", "1", "--device", "cpu"])
     main(base)
-    assert seen == ["1", None]  # None: load_model reads $BEBOP_COMPILE
+    assert seen == [("1", "cpu"), (None, "auto")]  # None: load_model reads $BEBOP_COMPILE
     capsys.readouterr()
     assert "--compile" in run_error(capsys, [*base, "--compile", "yes"])
