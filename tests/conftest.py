@@ -88,6 +88,20 @@ def thread_budget():
     torch.set_num_threads(TEST_THREADS)
 
 
+# The devices the accelerator tests run on (tests/*/test_on_accelerators.py): CUDA, skipped with a reason where torch
+# sees no GPU; BEBOP_TEST_DEVICES=cpu runs the same tests on the CPU (which the rest of the suite covers already)
+TEST_DEVICES = os.environ.get("BEBOP_TEST_DEVICES", "cuda").split(",")
+
+
+@pytest.fixture(scope="module", params=TEST_DEVICES)
+def accelerator(request):
+    """A torch device the accelerator tests run on (TEST_DEVICES)."""
+    device = torch.device(request.param)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA GPU here (BEBOP_TEST_DEVICES=cpu runs these tests on the CPU)")
+    return device
+
+
 def _build(name):
     hf, tok = registry.load_hf(name)
     decoder = Decoder.from_hf(hf)

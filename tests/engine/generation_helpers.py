@@ -3,6 +3,7 @@ random tiny model is nearly uniform, which would hide sampling bugs), the token 
 "auto" made to follow a schedule. Test modules import it by name (pytest puts this folder on sys.path)."""
 
 import copy
+import math
 
 import numpy as np
 import torch
@@ -10,6 +11,7 @@ import torch
 import bebop.engine.draft_len as autodraft
 import bebop.engine.generation as engine
 from bebop.drafts.registry import new_mtp
+from bebop.sampling import probabilities
 
 TEXTS = ["hello", "What is 2+2?", "Tell me a story about a cat who lived on a boat."]
 
@@ -33,6 +35,27 @@ def agreeable_mtp(model, e=0.5, h=0.5, seed=0):
         mtp.eh_proj.weight[:, :d] = e * torch.eye(d)
         mtp.eh_proj.weight[:, d:] = h * torch.eye(d)
     return mtp
+
+
+def exact_marginals(model, prompt, params):
+    """The exact distributions of generated tokens 0, 1 and 2 after `prompt` [V] each, by one full forward per
+    continuation (on the model's device); the model must be sharp enough for the tests to have power."""
+    V, device = model.cfg.vocab_size, model.embed.weight.device
+    with torch.no_grad():
+        def next_probs(seqs):
+            return torch.cat([probabilities(model.logits(model.forward_full(c)[:, -1]), params)
+                              for c in seqs.split(4096)]).double().cpu()
+        x0 = torch.tensor([prompt], device=device)
+        p0 = next_probs(x0)[0]
+        x1 = torch.cat([x0.expand(V, -1), torch.arange(V, device=device)[:, None]], 1)
+        p1 = next_probs(x1)  # [a, V]
+        a = torch.nonzero(p0 > 1e-7).flatten()  # the rest carries < 3e-5 of the mass
+        x2 = torch.cat([x1[a.to(device)].repeat_interleave(V, 0), torch.arange(V, device=device).repeat(len(a))[:, None]], 1)
+        p2 = next_probs(x2).view(len(a), V, V)  # [a, b, V]
+        m2 = torch.einsum("ab,abv->v", p0[a, None] * p1[a], p2)
+    # sharp enough for the tests to have power: entropy of token 1 given token 0 far below log V
+    assert float((p0 * -torch.special.xlogy(p1, p1).sum(-1)).sum()) < 0.6 * math.log(V)
+    return [p0.numpy(), (p0 @ p1).numpy(), (m2 / m2.sum()).numpy()]
 
 
 def token_matrix(gen):

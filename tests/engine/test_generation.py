@@ -27,7 +27,7 @@ from bebop.models import cpu
 from bebop.models.registry import chat_ids
 from bebop.drafts.registry import default_mtp, new_mtp, shipped_draft
 from bebop.sampling import SamplingParams, probabilities
-from generation_helpers import TEXTS, agreeable_mtp, scheduled, sharpened, token_matrix
+from generation_helpers import TEXTS, agreeable_mtp, exact_marginals, scheduled, sharpened, token_matrix
 
 P_OK, P_BAD = 1e-3, 1e-6
 
@@ -46,22 +46,7 @@ def sharp(tiny_llama):
     model = sharpened(tiny_llama[0], 8.0)
     mtp = agreeable_mtp(model)
     prompt = tiny_llama[1]("Hi!", add_special_tokens=False)["input_ids"]
-    V = model.cfg.vocab_size
-    with torch.no_grad():
-        def next_probs(seqs):
-            return torch.cat([probabilities(model.logits(model.forward_full(c)[:, -1]), SHARP)
-                              for c in seqs.split(4096)]).double()
-        x0 = torch.tensor([prompt])
-        p0 = next_probs(x0)[0]
-        x1 = torch.cat([x0.expand(V, -1), torch.arange(V)[:, None]], 1)
-        p1 = next_probs(x1)  # [a, V]
-        a = torch.nonzero(p0 > 1e-7).flatten()  # the rest carries < 3e-5 of the mass
-        x2 = torch.cat([x1[a].repeat_interleave(V, 0), torch.arange(V).repeat(len(a))[:, None]], 1)
-        p2 = next_probs(x2).view(len(a), V, V)  # [a, b, V]
-        m2 = torch.einsum("ab,abv->v", p0[a, None] * p1[a], p2)
-    exact = [p0.numpy(), (p0 @ p1).numpy(), (m2 / m2.sum()).numpy()]
-    # sharp enough for the tests to have power: entropy of token 1 given token 0 far below log V
-    assert float((p0 * -torch.special.xlogy(p1, p1).sum(-1)).sum()) < 0.6 * math.log(V)
+    exact = exact_marginals(model, prompt, SHARP)
     ar = generate(model, [prompt] * ROWS, 3, SHARP, mode="ar", seed=11, eos_ids=[])
     return model, mtp, prompt, exact, ar
 

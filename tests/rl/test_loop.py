@@ -1,7 +1,6 @@
 """The RL loop on tiny-llama: off vs one-step (policy version lag, same metrics schema, MTP sync), exact resume."""
 
 import json
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -11,19 +10,9 @@ from bebop.models.registry import load_model
 from bebop.drafts.mtp import new_mtp
 from bebop.rl.config import RLConfig
 from bebop.rl.loop import run_rl
+from rl_helpers import EVAL, TRAIN
 
 
-@dataclass
-class ToyTask:
-    """Reward: the fraction of the letter-like bytes in a completion (varies within a group on a random model)."""
-    prompt: str
-
-    def reward(self, completion: str) -> float:
-        return sum(c.isalpha() for c in completion) / max(len(completion), 1)
-
-
-TRAIN = [ToyTask(p) for p in ("add 2 and 3", "name a fruit", "say hi", "count to 4", "spell cat", "pick a colour")]
-EVAL = [ToyTask(p) for p in ("say bye", "name a tree")]
 
 
 def small(**kw):
