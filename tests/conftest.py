@@ -88,7 +88,7 @@ def thread_budget():
     torch.set_num_threads(TEST_THREADS)
 
 
-# The devices the accelerator tests run on (tests/*/test_on_accelerators.py): CUDA, skipped with a reason where torch
+# The devices the accelerator tests run on (tests/*/test_*_on_accelerators.py): CUDA, skipped with a reason where torch
 # sees no GPU; BEBOP_TEST_DEVICES=cpu runs the same tests on the CPU (which the rest of the suite covers already)
 TEST_DEVICES = os.environ.get("BEBOP_TEST_DEVICES", "cuda").split(",")
 
