@@ -3,9 +3,13 @@
 # losses at equal data and compute, each frozen through a 100-step GRPO run, plus spec-greedy, an online
 # strategy and ar; then the report. Every stage resumes where a kill left it: run this again to continue.
 #   bash examples/finding4_runs.sh            (hours on 2 cores; one stage at a time, all threads each)
+#   bash examples/finding4_runs.sh --replicates 3
+#                 (then also seeds 1, 2, ... of the three frozen recipes until each has 3 runs, resumable like
+#                  the rest; the report groups a recipe's runs and compares recipes on their run means)
 set -e
 BEBOP=${BEBOP:-.venv/bin/bebop}
-W=runs/rl26 R=results/rl-finding4-smollm2-135m STEPS=100
+W=runs/rl26 R=results/rl-finding4-smollm2-135m STEPS=100 REPLICATES=1
+[ "${1:-}" = --replicates ] && REPLICATES=$2
 mkdir -p $W $R
 
 # 1. self-distilled data: the RL run's own train-split prompts (seed 0, the order bebop rl draws them)
@@ -45,11 +49,20 @@ rl ar --rollout ar
 # a recipe run twice shows the run-to-run spread that the step-paired intervals leave out)
 rl spec-kl+e2e-tv-epyc --rollout spec --draft $W/draft-kl+e2e-tv --draft-strategy frozen
 rl spec-ce-epyc --rollout spec --draft $W/draft-ce --draft-strategy frozen
+# replicates with other seeds, until each frozen recipe has $REPLICATES runs (the runs above count: e2e-TV and CE
+# two each, KL one)
+replicate() {  # recipe, runs it has above, then its options
+  local name=$1 have=$2; shift 2
+  for seed in $(seq 1 $((REPLICATES - have))); do rl $name-seed$seed "$@" --seed $seed; done
+}
+replicate spec-kl+e2e-tv 2 --rollout spec --draft $W/draft-kl+e2e-tv --draft-strategy frozen
+replicate spec-ce 2 --rollout spec --draft $W/draft-ce --draft-strategy frozen
+replicate spec-kl 1 --rollout spec --draft $W/draft-kl --draft-strategy frozen
 
 # 4. the report over every run that has steps
 # (the e2e-TV run first: every other speculative run is compared with it step by step)
 $BEBOP report $(for r in spec-kl+e2e-tv spec-ce spec-kl spec-greedy-kl+e2e-tv spec-online-e2e-tv spec-kl+e2e-tv-epyc \
-    spec-ce-epyc ar; do
+    spec-ce-epyc $(cd $R && ls -d spec-*-seed* 2>/dev/null) ar; do
   [ -f $R/$r/metrics.jsonl ] && echo $R/$r; done) --out $R/report
 # and the runs of one machine alone: online against the same draft frozen, step by step, and both against ar
 $BEBOP report $(for r in spec-kl+e2e-tv-epyc spec-ce-epyc spec-online-e2e-tv ar; do

@@ -31,12 +31,13 @@ the median, since every wall-time sum includes them.
 import json
 import math
 import statistics
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 from scipy import stats
 
 from bebop.errors import BebopError
-from bebop.rl.config import with_current_names
+from bebop.rl.config import RLConfig, with_current_names
 
 PROJECTED_SHARES = (0.5, 0.7, 0.9)
 DRIFT_STEPS = 10
@@ -92,13 +93,17 @@ def paired(a: list[float | None], b: list[float | None]) -> dict | None:
     return {"steps": len(d), "mean": m, "ci95": c}
 
 
+RL_DEFAULTS = {f.name: f.default for f in fields(RLConfig) if f.default is not MISSING}
+
+
 def replicates(summaries: list[dict]) -> list[dict]:
     """The recipes (config without the seed) of the speculative runs that have two runs or more: their runs'
     mean acceptance, and each recipe after the first against the first, on run means (Welch)."""
     groups = {}
     for s in summaries:
         if s["rollout"] != "ar" and s["acceptance_mean"] is not None:
-            recipe = json.dumps({k: v for k, v in s["config"].items() if k != "seed"}, sort_keys=True)
+            config = {**RL_DEFAULTS, **s["config"]}  # a field added since a run was saved had its default then
+            recipe = json.dumps({k: v for k, v in config.items() if k != "seed"}, sort_keys=True)
             groups.setdefault(recipe, []).append(s)
     out = []
     for runs in (g for g in groups.values() if len(g) >= 2):

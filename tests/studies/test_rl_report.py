@@ -165,17 +165,18 @@ def test_speedup_over_ar_only_on_the_same_cpu(tmp_path):
 
 
 def test_replicates_are_runs_of_one_recipe_compared_on_run_means(tmp_path):
-    """Two recipes, each run twice (the second CE run with another seed, which still makes it a replicate):
+    """Two recipes, each run twice (the second CE run with another seed, which still makes it a replicate, and
+    saved after RLConfig gained `device`, at its default):
     each recipe's run means and their spread, and CE against e2e-TV on run means, whose interval is wide with two
     runs each; a run of a third recipe (greedy drafting) is in no group."""
     from bebop.studies.rl_report import replicates, summarize, read_run
 
-    def write(name, mtp, level, seed=0, rollout="spec"):
+    def write(name, mtp, level, seed=0, rollout="spec", **more):
         acc = [level + 0.01 * (-1) ** i for i in range(10)]
-        return write_run(tmp_path / name, acc, seed=seed, rollout=rollout, draft=f"runs/{mtp}")
+        return write_run(tmp_path / name, acc, seed=seed, rollout=rollout, draft=f"runs/{mtp}", **more)
 
     dirs = [write("tv", "draft-tv", 0.52), write("ce", "draft-ce", 0.50), write("tv-again", "draft-tv", 0.53),
-            write("ce-seed1", "draft-ce", 0.49, seed=1), write("greedy", "draft-tv", 0.45, rollout="spec-greedy")]
+            write("ce-seed1", "draft-ce", 0.49, seed=1, device="auto"), write("greedy", "draft-tv", 0.45, rollout="spec-greedy")]
     reps = replicates([summarize(read_run(d)) for d in dirs])
     assert [len(r["runs"]) for r in reps] == [2, 2] and "versus" not in reps[0]
     assert reps[0]["means"] == pytest.approx([0.52, 0.53]) and reps[0]["sd"] == pytest.approx(0.00707, abs=1e-4)
