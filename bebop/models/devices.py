@@ -1,8 +1,8 @@
 """Where a model runs: `--device auto|cpu|cuda|cuda:N` (`device=` in the Python API). Everything else (caches,
 drafts, samplers, trainers) follows the model's device, read from its weights.
 
-auto is CUDA where torch sees a GPU, else the CPU. On a GPU the weights default to bfloat16 and none of the CPU
-probes, CPU kernels or thread settings run.
+auto is CUDA where torch sees a GPU, else the CPU. On a GPU the weights default to bfloat16, and neither the CPU
+probes nor the CPU kernels (bebop.models.tuning, bebop.models.kernels) run.
 """
 
 import torch

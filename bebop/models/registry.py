@@ -267,8 +267,11 @@ def load_model(name: str, max_len: int | None = None, dtype: str = "auto", compi
 
 def probed_choice(decoder, name: str) -> dict | None:
     """This machine's fp32/bf16 probe for the model (bebop.models.tuning): measured on first use, then read from
-    the cache, so every run and resume on a machine decides alike. None for the seeded test models."""
-    if name in TINY:
+    the cache, so every run and resume on a machine decides alike. None for the seeded test models. On a GPU no
+    CPU probe runs: bfloat16 with the decoder's own kernels, as load_model's dtype auto there."""
+    if decoder.embed.weight.device.type == "cuda":
+        return {"dtype": "bfloat16", "attention": list(decoder.attention), "linear": decoder.linear, "compiled": False}
+    if not name or name in TINY:
         return None
     return tuning.choose(decoder, probe_name(name), cache_dir(), compile_mode=decoder.compile_mode)
 

@@ -53,7 +53,7 @@ class RLConfig:
     draft_strategy: str = "frozen"  # keep the pre-RL draft, or train it online on each step's rollouts
     draft_learning_rate: float = 1e-4  # AdamW's, for an online draft strategy
     async_mode: str = "off"
-    rollout_dtype: str = "auto"  # auto: the dtype the --dtype auto probe chose for the model on this machine
+    rollout_dtype: str = "auto"  # auto: bf16 on a GPU, else the dtype the --dtype auto probe chose on this CPU
     threads: int = 0  # total torch threads; 0 = the CPUs this process may use. one-step splits them
     eval_every: int = 0  # 0 = only before and after the run
     eval_prompts: int = 32

@@ -27,7 +27,7 @@ from bebop.backends.vllm.worker import DRAFT_CHECK_TOL, vllm_args
 from bebop.drafts.base import Draft
 from bebop.errors import BebopError
 from bebop.models import DTYPES  # noqa: F401 -- old name (bebop.rl.loop.DTYPES), kept for one release
-from bebop.models import cpu
+from bebop.models import cpu, devices
 from bebop.models.decoder import Decoder
 from bebop.models.registry import cache_dir, chat_ids, probed_choice, probed_compiled, probed_kernels
 from bebop.rl import grpo
@@ -212,13 +212,15 @@ def choose_numerics(cfg: RLConfig, out: Path, policy: Decoder, resume: bool) -> 
     if resume:
         saved = json.loads((out / "run.json").read_text())
         return saved["use_bf16"], "resumed", saved.get("rollout_dtype", "bfloat16")  # (older runs rolled out in bf16)
+    on_gpu = policy.embed.weight.device.type == "cuda"  # bf16 there, as load_model's dtype auto: no CPU probe
     if cfg.autocast == "auto":
-        use_bf16, probe = autocast_choice(policy, cfg.micro_batch_size, 64, cache_dir())
+        use_bf16, probe = (True, "bf16 on a GPU") if on_gpu else \
+            autocast_choice(policy, cfg.micro_batch_size, 64, cache_dir())
     else:
         use_bf16, probe = cfg.autocast == "bf16", None
     rollout_dtype = cfg.rollout_dtype
-    if rollout_dtype == "auto":  # what --dtype auto would run the model in (probed once per machine)
-        choice = probed_choice(policy, policy.name) if policy.name else None
+    if rollout_dtype == "auto":  # what --dtype auto would run the model in (probed once per CPU; bf16 on a GPU)
+        choice = probed_choice(policy, policy.name)
         rollout_dtype = choice["dtype"] if choice else "float32"
     return use_bf16, probe, rollout_dtype
 
@@ -233,7 +235,8 @@ def record_run(cfg: RLConfig, out: Path, policy: Decoder, resume: bool, train_th
             "rollout_linear": linear, "rollout_compiled": probed_compiled(policy, rollout_dtype),
             "train_threads": train_threads, "rollout_threads": rollout_threads,
             "rollout_workers": cfg.rollout_workers, "ray": cfg.ray,
-            "cpu": cpu.cpu_model(), "cpu_capability": cpu.describe(), "torch": torch.__version__}
+            "device": devices.describe(policy.embed.weight.device), "cpu": cpu.cpu_model(),
+            "cpu_capability": cpu.describe(), "torch": torch.__version__}
     (out / "run.json").write_text(json.dumps(meta, indent=1))
     return use_bf16, rollout_dtype
 

@@ -59,7 +59,10 @@ def run_demo(out, cfg: DemoConfig = DemoConfig()) -> str:
         shutil.rmtree(out / name / "ckpt", ignore_errors=True)
     summaries = json.loads((out / "report" / "report.json").read_text())
     run = json.loads((out / "spec" / "run.json").read_text())
-    machine = f"{run['cpu']}, {run['cpu_capability']}; rollouts in {run['rollout_dtype']} on {run['rollout_threads']} threads"
+    if run.get("device", "cpu") == "cpu":
+        machine = f"{run['cpu']}, {run['cpu_capability']}; rollouts in {run['rollout_dtype']} on {run['rollout_threads']} threads"
+    else:
+        machine = f"{run['device']}; rollouts in {run['rollout_dtype']}"
     text = verdict({s["rollout"]: s for s in summaries}, exact, cfg, machine, out / "report" / "report.png")
     (out / "verdict.md").write_text(text + "\n")
     return text

@@ -134,6 +134,8 @@ def read_run(path) -> dict:
     except (OSError, ValueError):
         machine = {}
     cpu = f"{machine['cpu']}, {machine.get('cpu_capability', '?')}" if machine.get("cpu") else None
+    if machine.get("device", "cpu") != "cpu":  # a GPU run: its GPU is the machine its wall times belong to
+        cpu = machine["device"]
     return {"dir": str(path), "config": config, "rows": rows, "evals": evals, "cpu": cpu}
 
 

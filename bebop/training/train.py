@@ -201,7 +201,7 @@ def target_features(target, mtp: Draft, cfg: TrainConfig, T: float, data_dir, tr
     pays on this machine. "auto": bf16 where this machine's --dtype probe chose it for this model (cached per
     machine, so a resumed or parallel run decides alike and reuses the same feature store)."""
     name = target.name
-    choice = probed_choice(target, name) if name and "auto" in (cfg.features_dtype, cfg.autocast) else None
+    choice = probed_choice(target, name) if "auto" in (cfg.features_dtype, cfg.autocast) else None
     bf16_pays = choice is not None and choice["dtype"] == "bfloat16"
     compute_model = None  # the features' forward: a bf16 copy of the target where that is faster
     if cfg.features_dtype == "bfloat16" or (cfg.features_dtype == "auto" and bf16_pays):

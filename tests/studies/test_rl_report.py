@@ -183,3 +183,16 @@ def test_replicates_are_runs_of_one_recipe_compared_on_run_means(tmp_path):
     v = reps[1]["versus"]
     assert v["difference"] == pytest.approx(-0.03) and v["ci95"][0] < -0.03 < v["ci95"][1] < 0.1
     assert v["ci95"][1] - v["ci95"][0] > 0.05  # two runs a recipe: wide
+
+
+def test_a_gpu_run_is_placed_on_its_gpu(tmp_path):
+    """run.json names the device: a GPU run's wall times belong to that GPU, not to the host's CPU."""
+    from bebop.studies.rl_report import read_run
+
+    path = write_run(tmp_path / "gpu", [0.5, 0.6], cpu="AMD EPYC")
+    (tmp_path / "gpu" / "run.json").write_text(json.dumps({"device": "NVIDIA H200", "cpu": "AMD EPYC",
+                                                           "cpu_capability": "AVX512"}))
+    assert read_run(path)["cpu"] == "NVIDIA H200"
+    (tmp_path / "gpu" / "run.json").write_text(json.dumps({"device": "cpu", "cpu": "AMD EPYC",
+                                                           "cpu_capability": "AVX512"}))
+    assert read_run(path)["cpu"] == "AMD EPYC, AVX512"
