@@ -1,6 +1,7 @@
 """Where one speculative step's time goes: `generate` (spec, fixed K) under torch.profiler on a real model.
 
     PYTHONPATH=. OMP_NUM_THREADS=1 python examples/profile_step.py --batch 1 --batch 16
+    (--draft-len 0: plain decoding steps, as `ar` takes them)
 
 Prints wall ms per speculative step (steps = target verification forwards) and the top operators by self
 CPU time. Uses only the engine's original arguments, so it also profiles older versions of the engine.
@@ -38,11 +39,11 @@ def main():
         start = time.perf_counter()
         g = generate(model, prompts, args.max_new_tokens, SamplingParams(), **kw)
         wall = time.perf_counter() - start
-        steps = g.stats.steps // b  # stats count row-steps
+        steps = g.stats.steps // b or args.max_new_tokens - 1  # stats count drafting row-steps; --draft-len 0: plain
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             generate(model, prompts, args.max_new_tokens, SamplingParams(), **kw)
         print(f"\n=== batch {b}: {1000 * wall / steps:.1f} ms per step ({steps} steps, {wall:.2f} s, "
-              f"{g.stats.tokens / wall:.1f} tok/s, mean acceptance length {g.stats.mean_acceptance_length:.2f})")
+              f"{g.stats.tokens / wall:.1f} tok/s, mean acceptance length {g.stats.mean_acceptance_length or 1:.2f})")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
 
 

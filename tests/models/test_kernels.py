@@ -60,7 +60,8 @@ def test_a_fast_linear_computes_what_f_linear_does(load_models, kind):
                     f"{cpu.vllm_cpu_ops()})")
     _, model, _ = load_models("tiny-llama")
     model = copy.deepcopy(model).to(torch.bfloat16)
-    assert not runs_here(torch.float32, torch.device("cpu"))
+    if "packed" not in kinds:  # (oneDNN packs fp32 weights too: test_packed_fp32_linears_compute_what_f_linear_does)
+        assert not runs_here(torch.float32, torch.device("cpu"))
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.cfg.vocab_size, (3, 11), generator=g)
     steps = [torch.randint(0, model.cfg.vocab_size, (3, t), generator=g) for t in (1, 4, 1)]
@@ -92,7 +93,7 @@ def test_a_fast_linear_computes_what_f_linear_does(load_models, kind):
     same(packed_after, plain_after)
     assert (plain_after[0] - plain[0]).abs().max() > 0.1  # the update changed the model: a stale copy would show
     model.linear = kind
-    model.float()  # fp32 has nothing to pack: plain products, no stale bf16 copy
+    model.float()  # no stale bf16 copy (fp32 is packed afresh where oneDNN packs it, plain products elsewhere)
     assert "_packed" not in model.layers[0].w13.__dict__
     torch.testing.assert_close(run()[0], plain_after[0], rtol=0.05, atol=0.05)
     model.to(torch.bfloat16)
@@ -100,6 +101,37 @@ def test_a_fast_linear_computes_what_f_linear_does(load_models, kind):
         x = torch.randn(2, model.cfg.dim, dtype=torch.bfloat16, requires_grad=True)
         model.layers[0].wo(x).sum().backward()  # the packed path has no backward: this must be F.linear
     assert x.grad is not None
+
+
+def test_packed_fp32_linears_compute_what_f_linear_does(load_models):
+    """fp32 weights in oneDNN's packed layout (what the dtype probe may pick on an AVX2-only CPU): the logits of
+    decode steps and a prefill agree with F.linear's to float rounding, from the packed copies, rebuilt after an
+    in-place update (an optimiser step or weight sync)."""
+    if not packs_weights(torch.float32, torch.device("cpu")):
+        pytest.skip("this torch has no oneDNN packed linear")
+    _, model, _ = load_models("tiny-llama")
+    model = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, model.cfg.vocab_size, (3, t), generator=g) for t in (11, 1, 4, 1)]
+
+    def run():
+        cache, out = model.new_cache(3, 32), []
+        for tokens in batches:
+            out.append(model.logits(model(tokens, cache)))
+            cache.lengths += tokens.shape[1]
+        return out
+
+    for update in (False, True):
+        if update:
+            with torch.no_grad():
+                model.layers[0].w13.weight.mul_(2)
+        model.linear = "plain"
+        plain = run()
+        model.linear = "packed"
+        packed = run()
+        assert "packed" in model.layers[0].w13.__dict__["_packed"]
+        for a, b in zip(packed, plain):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)  # (after the update, a stale copy would not)
 
 
 def test_a_linear_kind_per_row_count_is_parsed_and_checked():
