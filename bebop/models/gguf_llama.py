@@ -3,7 +3,7 @@
 transformers can load a GGUF itself, but its loader parses the file's metadata three times (tokenizer, config,
 weights) and builds its name map per submodule. This reads the file once with `gguf` and names the tensors from one
 explicit table: for SmolLM2-135M on a 2-core AVX2 EPYC, 16 s against transformers' 45 s (two interleaved runs
-each).
+each, examples/gguf_conversion_ab.py).
 
 GGUF stores llama's q and k projections with the rows of each head interleaved for llama.cpp's rope
 (`convert_hf_to_gguf.py`, `LlamaModel.permute`); `unpermute` puts them back in Hugging Face's order.
