@@ -212,10 +212,8 @@ def choose_numerics(cfg: RLConfig, out: Path, policy: Decoder, resume: bool) -> 
     if resume:
         saved = json.loads((out / "run.json").read_text())
         return saved["use_bf16"], "resumed", saved.get("rollout_dtype", "bfloat16")  # (older runs rolled out in bf16)
-    on_gpu = policy.embed.weight.device.type == "cuda"  # bf16 there, as load_model's dtype auto: no CPU probe
     if cfg.autocast == "auto":
-        use_bf16, probe = (True, "bf16 on a GPU") if on_gpu else \
-            autocast_choice(policy, cfg.micro_batch_size, 64, cache_dir())
+        use_bf16, probe = autocast_choice(policy, cfg.micro_batch_size, 64, cache_dir())
     else:
         use_bf16, probe = cfg.autocast == "bf16", None
     rollout_dtype = cfg.rollout_dtype

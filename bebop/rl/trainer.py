@@ -176,7 +176,10 @@ def bf16_autocast_is_faster(policy, micro_batch_size: int, seq_len: int, reps: i
 def autocast_choice(policy, micro_batch_size: int, seq_len: int, cache_dir: Path) -> tuple[bool, dict]:
     """bf16_autocast_is_faster's answer for this model and micro-batch on this machine: measured on first use,
     then read from cache_dir/AUTOCAST_CACHE (keyed as the dtype probe is: CPU and capability, torch, model,
-    threads), so that every run on a machine decides alike and pays for the probe once."""
+    threads), so that every run on a machine decides alike and pays for the probe once. On a GPU no CPU probe
+    runs: bf16, as load_model's dtype auto there."""
+    if policy.embed.weight.device.type == "cuda":
+        return True, "bf16 on a GPU"
     if not policy.name:  # no stable key: probed every time
         return bf16_autocast_is_faster(policy, micro_batch_size, seq_len)
     key = f"{tuning.cache_key(policy.name, policy.embed.weight.device)} | micro-batch {micro_batch_size}x{seq_len}"
