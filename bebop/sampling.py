@@ -125,7 +125,8 @@ def residual(p: torch.Tensor, q: torch.Tensor, vocab_ids: torch.Tensor | None = 
     return torch.where(empty, p, r) if bool(empty.any()) else r
 
 
-def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, final_u, vocab_ids=None):
+def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, final_u, vocab_ids=None,
+                             draft_lens=None):
     """The speculative step of Leviathan et al. / Chen et al. (2023) with explicit uniforms.
 
     target_probs [B, K+1, V] = p_1..p_{K+1}; draft_probs [B, K, V] = q_1..q_K; draft_tokens [B, K] = x_i ~ q_i.
@@ -136,6 +137,9 @@ def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, 
     vocab_ids: a reduced draft vocabulary (sorted token ids): draft_probs is then [B, K, Vd] over those ids
     (q = 0 elsewhere) and is never expanded to V. The test u*q(x) < p(x) needs q only at the drafted ids, and
     the residual max(p - q, 0) is p outside the draft vocabulary, so only the draft vocabulary's columns change.
+    draft_lens [B]: a draft length per row, k_r <= K (None: K for every row). Row r's drafts past k_r are
+    padding, never accepted: if its k_r drafts are all accepted its bonus token comes from p_{k_r+1}, as if the
+    step had drafted k_r (k_r = 0: a plain step, one token from p_1).
     Returns tokens [B, K+1] (accepted drafts, the residual/bonus token, then PLACEHOLDER_TOKEN_ID) and num_accepted [B]."""
     B, K = draft_tokens.shape
     device = target_probs.device
@@ -151,11 +155,13 @@ def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, 
         q_x = torch.where(vocab_ids[idx] == draft_tokens, q_x, 0.0)  # a token outside the draft vocab: q = 0
     # u < p/q written as u*q < p: no division, and q(x) = 0 (a token the draft could not have drawn) rejects
     accepted = (accept_u.double() * q_x < p_x) & (q_x > 0)
+    lens = torch.full((B,), K, device=device) if draft_lens is None else draft_lens.to(device)
+    accepted &= torch.arange(K, device=device).unsqueeze(0) < lens.unsqueeze(1)  # padding is never accepted
     num_accepted = accepted.long().cumprod(-1).sum(-1)
-    # the last token comes from position num_accepted: the residual at the first rejected draft, or p_{K+1}
-    # when all K were accepted, where q counts as 0 and the residual max(p - 0, 0) is p itself
+    # the last token comes from position num_accepted: the residual at the first rejected draft, or p_{k+1}
+    # when all k of the row's drafts were accepted, where q counts as 0 and the residual max(p - 0, 0) is p itself
     last_p = target_probs[rows, num_accepted]
-    last_q = torch.where((num_accepted < K).unsqueeze(-1), draft_probs[rows, num_accepted.clamp(max=K - 1)], 0.0)
+    last_q = torch.where((num_accepted < lens).unsqueeze(-1), draft_probs[rows, num_accepted.clamp(max=K - 1)], 0.0)
     correction = residual(last_p, last_q, vocab_ids)
     last = sample(correction, final_u)
     tokens = torch.full((B, K + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=device)

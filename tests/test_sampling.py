@@ -213,6 +213,47 @@ def test_position_check_catches_bonus_from_wrong_position():
     assert gof(tokens[acc == K, K], p[K]) < P_BAD
 
 
+def ragged_step(p, q, n, seed, greedy, ragged=True):
+    """One step for n rows where row r drafts its own k_r in 0..K (uniform over rows); returns (tokens,
+    num_accepted, k). ragged=False is a wrong way to get there: every row drafts K and its padding is rejected
+    through the rejection rule (accept u = 1), so the bonus of a row whose k_r drafts were all accepted comes
+    from the residual of p_{k_r+1} and a q that was never drafted."""
+    gen = torch.Generator().manual_seed(seed)
+    qd, x = drafts_from(q, n, gen, greedy)
+    k = torch.randint(K + 1, (n,), generator=gen)
+    u = torch.rand(n, K + 1, dtype=torch.float64, generator=gen)
+    if ragged:
+        tokens, acc = rejection_sample_uniform(p.expand(n, -1, -1), qd, x, u[:, :K], u[:, K], draft_lens=k)
+    else:
+        padding = torch.arange(K).unsqueeze(0) >= k.unsqueeze(1)
+        tokens, acc = rejection_sample_uniform(p.expand(n, -1, -1), qd, x, u[:, :K].masked_fill(padding, 1.0), u[:, K])
+    return tokens, acc, k
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_a_draft_length_per_row_keeps_every_position_exact(greedy, sampler):
+    """Rows of one step with their own draft lengths k_r (0: a plain step): none accepts past its k_r, and the
+    token at stream index j of the rows that reached it is a draw from p_j, at every k_r apart."""
+    p, q = t64(P_POS), q_pos(greedy)
+    tokens, acc, k = ragged_step(p, q, B, seed=8, greedy=greedy)
+    assert (acc <= k).all()
+    assert ((tokens >= 0) == (torch.arange(K + 1) <= acc.unsqueeze(1))).all()
+    for kr in range(K + 1):
+        for j in range(kr + 1):
+            reached = (k == kr) & (acc >= j)
+            assert reached.sum() > 1000
+            pv = gof(tokens[reached, j], p[j], f"k={kr}, index {j}")
+            assert pv > P_OK, f"k={kr}, stream index {j}: p-value {pv:.2e}"
+
+
+def test_ragged_check_catches_padding_rejected_by_the_rule():
+    p, q = t64(P_POS), t64(Q_POS)
+    tokens, acc, k = ragged_step(p, q, B, seed=9, greedy=False, ragged=False)
+    bonus = (k == 1) & (acc == 1)  # the row's one draft accepted: its next token must come from p_2
+    assert bonus.sum() > 1000
+    assert gof(tokens[bonus, 1], p[1]) < P_BAD
+
+
 @pytest.mark.parametrize("greedy", [False, True])
 def test_acceptance_rate_is_overlap(greedy):
     p, q = t64(P_POS), q_pos(greedy)

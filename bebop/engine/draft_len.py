@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from bebop.io import write_text_atomic
-from bebop.drafts.base import target_forward
+from bebop.drafts.base import Draft, target_forward
 from bebop.engine.step import Rows, speculative_step
 from bebop.models import cpu, registry
 from bebop.sampling import SamplingParams, entropy
@@ -58,19 +58,24 @@ def probe_costs(target, mtp, batch: int, max_k: int, context: int = 64, repeats:
     gen = torch.Generator(device="cpu").manual_seed(0)
     tokens = torch.randint(target.cfg.vocab_size, (batch, context + max_k + 1), generator=gen).to(device)
     cache = target.new_cache(batch, context + max_k + 2)
-    _, feats = target_forward(target, mtp, tokens[:, :context], cache)  # feats [batch, context, F]
-    mcache = mtp.new_cache(batch, context + 2 * max_k + 2)
-    mtp(tokens[:, 1:context + 1], mtp.features(feats), mcache)
-    vocab_ids = mtp.vocab_ids if len(mtp.vocab_ids) else None
+    model = isinstance(mtp, Draft)  # else a draft without a model (bebop.drafts.history): it proposes for free
+    _, feats = target_forward(target, mtp if model else None, tokens[:, :context], cache)  # [batch, context, F]
+    mcache = mtp.new_cache(batch, context + 2 * max_k + 2) if model else None
+    if model:
+        mtp(tokens[:, 1:context + 1], mtp.features(feats), mcache)
+    vocab_ids = mtp.vocab_ids if model and len(mtp.vocab_ids) else None
     row_gens = [torch.Generator().manual_seed(row) for row in range(batch)]
 
     def step(K):  # a drafting step catches the draft up on the K + 1 positions a fully accepted step left
         cache.lengths.fill_(context)
-        mcache.lengths.fill_(context - K - 1)
+        if model:
+            mcache.lengths.fill_(context - K - 1)
         rows = Rows(list(range(batch)), row_gens, torch.zeros(batch, dtype=torch.long, device=device),
                     tokens[:, context].clone(), tokens[:, :K + 1].clone(), feats[:, :K + 1].clone(),
                     torch.full((batch,), K + 1, device=device))
-        p = speculative_step(target, mtp, rows, cache, mcache, K, params, False, vocab_ids)[2]
+        proposal = None if model else (tokens[:, context + 1:context + 1 + K], torch.full((batch,), K))
+        p = speculative_step(target, mtp if model else None, rows, cache, mcache, K, params, False, vocab_ids,
+                             proposal)[2]
         entropy(p)
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -98,13 +103,13 @@ def step_costs(target, mtp, batch: int, max_k: int) -> list[float]:
     """cost(K) for K = 0..max_k at this batch size, from the on-disk table or probed once and stored (a probe
     that contradicted itself only for this process)."""
     b = bucket(batch)
+    draft = [f"draft_vocab={len(mtp.vocab_ids) or target.cfg.vocab_size}", f"draft={mtp.arch}",
+             f"mtp_layers={len(mtp.blocks)}", f"feature_layers={len(mtp.feature_layers)}"] \
+        if isinstance(mtp, Draft) else [f"draft={mtp.arch}"]  # a draft without a model adds no work of its own
     key = "|".join([str(target.name or f"dim{target.cfg.dim}x{target.cfg.n_layers}"),
                     str(target.embed.weight.dtype), str(target.embed.weight.device.type), machine(target.embed.weight.device),
                     f"attention={','.join(target.attention)}", f"linear={target.linear}",
-                    f"compiled={int(target.compiled)}",
-                    f"draft_vocab={len(mtp.vocab_ids) or target.cfg.vocab_size}", f"draft={mtp.arch}",
-                    f"mtp_layers={len(mtp.blocks)}",
-                    f"feature_layers={len(mtp.feature_layers)}", f"batch={b}"])
+                    f"compiled={int(target.compiled)}", *draft, f"batch={b}"])
     path = registry.cache_dir() / COST_FILE
     try:
         table = json.loads(path.read_text())

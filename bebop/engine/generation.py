@@ -14,11 +14,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from bebop.drafts.base import Draft, draft_or_old_mtp
+from bebop.drafts.history import NO_TOKEN, HistoryDraft, Recording
 from bebop.engine.modes import MODES  # noqa: F401 (here too: engine.generation.MODES)
-from bebop.engine.draft_len import Acceptance, StepCosts, bucket, choose_draft_len, step_costs_for
+from bebop.engine.draft_len import DRAFT_MARGIN, Acceptance, StepCosts, bucket, choose_draft_len, step_costs_for
 from bebop.engine.scheduler import Scheduler
 from bebop.engine.stats import SpecStats
 from bebop.engine.step import Rows, catch_up, speculative_step
@@ -59,7 +61,7 @@ class Decoding:
     vocab_ids: torch.Tensor | None  # the draft vocabulary's target ids (None: the full vocabulary)
 
 
-def check_arguments(target: Decoder, prompts, max_new_tokens: int, mode: str, mtp: Draft | None, draft_len,
+def check_arguments(target: Decoder, prompts, max_new_tokens: int, mode: str, mtp: Draft | HistoryDraft | None, draft_len,
                     seed, max_batch: int | None, max_draft_len: int) -> tuple[int, bool]:
     """Refuse what generate cannot do; returns the largest K a step may draft and whether steps draft."""
     if mode not in MODES:
@@ -89,9 +91,10 @@ def check_arguments(target: Decoder, prompts, max_new_tokens: int, mode: str, mt
 
 
 def set_up(target: Decoder, mtp: Draft | None, prompts, max_new_tokens: int, params: SamplingParams, mode: str,
-           K_max: int, auto: bool, seed, eos_ids, max_batch: int | None, on_finish, progress: bool) -> Decoding:
+           K_max: int, auto: bool, seed, eos_ids, max_batch: int | None, on_finish, progress: bool,
+           history: HistoryDraft | None = None) -> Decoding:
     """The caches, the cost and acceptance estimates of "auto" and the scheduler, for steps of up to K_max
-    drafts (mtp is None for plain decoding)."""
+    drafts (mtp is None for plain decoding and for a history draft)."""
     # caches hold prompt + max_new_tokens, plus room for one step's drafts where the context allows it; near
     # the end of the context K shrinks instead, so a request that fits the context never fails
     max_len = min(max(len(p) for p in prompts) + max_new_tokens + 1 + K_max, target.rope_cos.shape[0])
@@ -102,8 +105,9 @@ def set_up(target: Decoder, mtp: Draft | None, prompts, max_new_tokens: int, par
                          mtp.feature_layers if mtp is not None and mtp.feature_layers else ())
     cache = target.new_cache(B, max_len)
     mcache = mtp.new_cache(B, max_len) if mtp is not None else None
-    costs = step_costs_for(target, mtp, K_max) if auto else None
-    acceptance = Acceptance(K_max, B, prior_spread=costs.row_spread) if auto else None
+    costs = step_costs_for(target, mtp or history, K_max) if auto else None
+    # a model draft's acceptance is learnt from its past steps; a history draft states its own (propose)
+    acceptance = Acceptance(K_max, B, prior_spread=costs.row_spread) if auto and mtp is not None else None
     vocab_ids = mtp.vocab_ids if mtp is not None and len(mtp.vocab_ids) else None
     rollouts = [Rollout(i) for i in range(len(prompts))]
     sched = Scheduler(target, mtp, prompts, rollouts, max_new_tokens, params, seed, cache, mcache,
@@ -120,7 +124,7 @@ def choose_step_draft_len(d: Decoding, rows: Rows, max_new_tokens: int) -> tuple
     width = int(rows.pile_count.max()) if d.mcache is not None else 0  # what a catch-up writes per row
     if d.mcache is not None and int(d.mcache.lengths.max()) + width > d.max_len:
         K = 0  # the MTP's catch-up would not fit either (only at the very end of the context)
-    if d.costs is not None and K > 0:
+    if d.acceptance is not None and K > 0:  # (a history draft chooses from its proposals: history_proposal)
         n_rows = len(rows)
         K = min(K, int((max_new_tokens - rows.n_out).max()) - 1)  # tokens past every row's limit are wasted
         if K > 0 and d.costs.wants_baseline(n_rows):  # plain steps first: what drafting must beat, measured
@@ -158,10 +162,50 @@ def trace_step(mtp: Draft, rows: Rows, K: int, num_accepted, p, q_own) -> dict:
             **{k: v[r_idx, d_idx] for k, v in ts.items()}}
 
 
+def history_proposal(history: HistoryDraft, sched: Scheduler, rows: Rows, K: int, max_new_tokens: int,
+                     costs: StepCosts | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's drafts from the history (at most K, and none past its token limit): drafts [B, k] padded with
+    NO_TOKEN to the longest row's k, and each row's own length [B]. Under "auto" (`costs`) the step verifies
+    k tokens per row with the k that maximises the expected tokens per second: cost(k) at this batch against
+    the tokens the rows' proposals promise (their chances, HistoryDraft.propose) cut at k; each row then
+    keeps at most k of its drafts. As under auto for a model's drafts, plain steps come first (the baseline),
+    and drafting must beat them by DRAFT_MARGIN."""
+    room = (max_new_tokens - 1 - rows.n_out).clamp(0, K).tolist()
+    proposed = [history.propose(sched.prompts[i], sched.out[i].tokens, k) for i, k in zip(rows.request, room)]
+    if costs is not None and any(tokens for tokens, _ in proposed):
+        step_k = 0
+        if not costs.wants_baseline(len(rows)):
+            chances = np.zeros((len(rows), K))  # [B, K]: the chance that drafts 1..j are all accepted
+            for r, (_, c) in enumerate(proposed):
+                chances[r, :len(c)] = c
+            k_max = max(len(tokens) for tokens, _ in proposed)
+            expected = len(rows) + np.concatenate([[0.0], np.cumsum(chances.sum(0))])[:k_max + 1]  # [k_max + 1]
+            seconds = np.asarray(costs(len(rows))[:k_max + 1]) / expected
+            step_k = int(seconds.argmin())
+            step_k = step_k if seconds[step_k] < (1 - DRAFT_MARGIN) * seconds[0] else 0
+        proposed = [(tokens[:step_k], c[:step_k]) for tokens, c in proposed]
+    proposed = [tokens for tokens, _ in proposed]
+    lens = torch.tensor([len(x) for x in proposed], dtype=torch.long)
+    drafts = torch.full((len(rows), int(lens.max())), NO_TOKEN, dtype=torch.long)
+    for r, x in enumerate(proposed):
+        drafts[r, :len(x)] = torch.tensor(x, dtype=torch.long)
+    return drafts.to(rows.pending.device), lens.to(rows.pending.device)
+
+
+def record_history(history: HistoryDraft, sched: Scheduler, requests: list[int], recordings: dict[int, Recording]):
+    """What the rows of `requests` emitted joins the history as they write it: their group's later drafts
+    read it (history.learn)."""
+    for i in requests:
+        if i not in recordings:
+            recordings[i] = history.begin(sched.prompts[i])
+        recordings[i].update(sched.out[i].tokens)
+
+
 def decode(d: Decoding, target: Decoder, mtp: Draft | None, params: SamplingParams, greedy: bool,
-           max_new_tokens: int, trace: bool) -> list[dict]:
-    """Step every active row until every request has finished; returns the traced steps (when `trace`)."""
-    sched, stats, traced = d.sched, d.sched.stats, []
+           max_new_tokens: int, trace: bool, history: HistoryDraft | None = None) -> list[dict]:
+    """Step every active row until every request has finished; returns the traced steps (when `trace`).
+    With a history draft (mtp None), each row drafts what the history proposes for it."""
+    sched, stats, traced, recordings = d.sched, d.sched.stats, [], {}
     free = sched.fill(range(len(sched.rows)))
     while not free or sched.compact(free):
         rows = sched.rows
@@ -169,15 +213,20 @@ def decode(d: Decoding, target: Decoder, mtp: Draft | None, params: SamplingPara
         started = time.perf_counter()
         K, width = choose_step_draft_len(d, rows, max_new_tokens)
         fed = feed_pile(d, mtp, rows, K, width)
+        proposal = None if history is None else history_proposal(history, sched, rows, K, max_new_tokens, d.costs)
+        K = K if proposal is None else proposal[0].shape[1]
+        requests = list(rows.request)
         step_tokens, num_accepted, p, q_own = speculative_step(target, mtp, rows, d.cache, d.mcache, K, params,
-                                                               greedy, d.vocab_ids)
+                                                               greedy, d.vocab_ids, proposal)
         if d.acceptance is not None:
             d.acceptance.update(K, num_accepted)
         if K:  # plain decoding makes no speculative steps
-            stats.count_step(K, num_accepted)
-            if trace:
+            stats.count_step(K, num_accepted, None if proposal is None else proposal[1])
+            if trace and mtp is not None:
                 traced.append(trace_step(mtp, rows, K, num_accepted, p, q_own))
         finished = sched.record(step_tokens, num_accepted, p)  # (its .tolist() waits for an accelerator)
+        if history is not None and history.learn:
+            record_history(history, sched, requests, recordings)
         if d.costs is not None:
             d.costs.record(n_rows, K, time.perf_counter() - started - fed)
         free = sched.fill(finished)
@@ -187,7 +236,7 @@ def decode(d: Decoding, target: Decoder, mtp: Draft | None, params: SamplingPara
 
 @torch.inference_mode()
 def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams = SamplingParams(),
-             mode: str = "spec", draft: Draft | None = None, draft_len: int | str = "auto", seed: int | list[int] = 0,
+             mode: str = "spec", draft: Draft | HistoryDraft | None = None, draft_len: int | str = "auto", seed: int | list[int] = 0,
              eos_ids: list[int] | None = None, trace: bool = False, progress: bool = False, *,
              max_batch: int | None = None, max_draft_len: int = DEFAULT_MAX_DRAFT_LEN,
              on_finish: Callable[[int, Rollout], None] | None = None, mtp: Draft | None = None) -> Generation:
@@ -196,6 +245,8 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     mode: "spec" (the default, as on the command line; needs `draft`: bebop.drafts.registry.default_draft gives the
     model's shipped one), "spec-greedy" or "ar" (plain sampling, no draft). `mtp=` is the old name of `draft=`.
     draft_len: K, or "auto" (K in 0..max_draft_len chosen every step by cost, bebop.engine.draft_len).
+    A HistoryDraft (bebop.drafts.history) drafts each row's own proposal, up to K (or max_draft_len under
+    "auto"), and, if it learns, is fed the rollouts as they are written.
     max_batch: rows decoded at once (None: all requests); a finished row takes the next waiting request.
     on_finish(index, rollout) is called once per request as soon as it finishes.
     With a fixed K a request's tokens depend only on its prompt, seed and the settings; with "auto" only
@@ -204,10 +255,12 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     K_max, spec = check_arguments(target, prompts, max_new_tokens, mode, draft, draft_len, seed, max_batch,
                                   max_draft_len)
     draft = draft if spec else None
+    history = draft if isinstance(draft, HistoryDraft) else None
+    draft = None if history is not None else draft
     auto = spec and draft_len == "auto"
     d = set_up(target, draft, prompts, max_new_tokens, params, mode, K_max, auto, seed, eos_ids, max_batch,
-               on_finish, progress)
-    traced = decode(d, target, draft, params, mode == "spec-greedy", max_new_tokens, trace)
+               on_finish, progress, history)
+    traced = decode(d, target, draft, params, mode == "spec-greedy", max_new_tokens, trace, history)
     if d.acceptance is not None:  # what the next generation starts from (RL rollouts: the same tasks again)
         d.costs.row_spread = d.acceptance.spread
     table = None

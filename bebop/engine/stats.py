@@ -48,10 +48,15 @@ class SpecStats:
                 "mean_draft_len": self.mean_draft_len, "drafted": self.drafted, "accepted": self.accepted,
                 "steps": self.steps, "tokens": self.tokens}
 
-    def count_step(self, K: int, num_accepted) -> None:
-        """One speculative step of K drafts over len(num_accepted) rows; num_accepted [B] drafts each kept."""
-        self.steps += len(num_accepted)
-        self.drafted += K * len(num_accepted)
+    def count_step(self, K: int, num_accepted, draft_lens=None) -> None:
+        """One speculative step of K drafts over len(num_accepted) rows; num_accepted [B] drafts each kept;
+        draft_lens [B]: each row's own draft length where rows differ (a row with none made a plain step)."""
+        if draft_lens is None:
+            self.steps += len(num_accepted)
+            self.drafted += K * len(num_accepted)
+        else:
+            self.steps += int((draft_lens > 0).sum())
+            self.drafted += int(draft_lens.sum())
         self.accepted += int(num_accepted.sum())
         for i in range(K):
             self.accepted_at[i] += int((num_accepted > i).sum())

@@ -10,7 +10,8 @@
 K = 0 is a plain decoding step: verify one token, sample from p_1. Plain steps only pile their positions up for
 the draft (`Rows`), fed to it by `catch_up` when drafting resumes.
 Every row draws its uniforms from its own generator, 2K + 1 per step, so with a fixed K a request's output
-depends neither on the other rows nor on when it joined.
+depends neither on the other rows nor on when it joined. A draft that is not a model (bebop.drafts.history)
+proposes instead of step 1, with its own length per row: k_r + 1 uniforms for row r, padding past k_r.
 """
 
 from dataclasses import dataclass
@@ -100,20 +101,38 @@ class Rows:
         self.pile_count = self.pile_count + 1
 
 
+def row_uniforms(gens: list[torch.Generator], K: int, draft_lens: torch.Tensor | None) -> torch.Tensor:
+    """[B, 2K+1] uniforms: K to draft, K to accept, one for the last token. Every row draws from its own
+    generator: 2K+1 for a model's drafts; k_r + 1 for the k_r proposed drafts of a draft that samples nothing
+    (`draft_lens`; to accept, then the last token), placed at the same columns (the others are 0, unused).
+    The generators live on the CPU whatever the model's device, so a seed gives the same uniforms everywhere."""
+    if draft_lens is None:
+        return torch.stack([torch.rand(2 * K + 1, generator=g, dtype=torch.float64) for g in gens])
+    u = torch.zeros(len(gens), 2 * K + 1, dtype=torch.float64)
+    for r, (g, k) in enumerate(zip(gens, draft_lens.tolist())):
+        drawn = torch.rand(k + 1, generator=g, dtype=torch.float64)
+        u[r, K:K + k], u[r, 2 * K] = drawn[:k], drawn[k]
+    return u
+
+
 def speculative_step(target: Decoder, mtp: Draft | None, rows: Rows, cache, mcache, K: int, params: SamplingParams,
-                     greedy: bool, vocab_ids):
+                     greedy: bool, vocab_ids, proposal: tuple[torch.Tensor, torch.Tensor] | None = None):
     """One step for every row: draft K tokens, verify them in one target forward, accept a prefix by rejection
     sampling, commit it (K = 0: a plain decoding step). Returns the step's tokens [B, K+1] (-1 past each row's
     accepted drafts and its one corrected or bonus token), num_accepted [B], the target's distributions
-    p [B, K+1, V] and the MTP's own q [B, K, Vd] (None without drafts)."""
+    p [B, K+1, V] and the MTP's own q [B, K, Vd] (None without drafts).
+    proposal: drafts [B, K] and a draft length per row [B] from a draft that is not a model (mtp None; e.g.
+    bebop.drafts.history), proposed with q one-hot; each row's drafts past its length are padding."""
     B, device = len(rows), rows.pending.device
-    # every row draws 2K+1 uniforms from its own generator: K to draft, K to accept, one for the last token.
-    # The generators live on the CPU whatever the model's device, so a seed gives the same uniforms everywhere
-    u = torch.stack([torch.rand(2 * K + 1, generator=g, dtype=torch.float64) for g in rows.gen])  # [B, 2K+1]
-    u = u.to(device, non_blocking=True)
+    draft_lens = None if proposal is None else proposal[1]
+    u = row_uniforms(rows.gen, K, draft_lens).to(device, non_blocking=True)  # [B, 2K+1]
     # 1. draft: the MTP catches up on the pile, which yields draft 1, then recurses for drafts 2..K
     q_own = None
-    if K:
+    if proposal is not None:
+        drafts = proposal[0]
+        verify_q = torch.zeros(B, K, target.cfg.vocab_size, device=device).scatter_(-1, drafts.unsqueeze(-1), 1.0)
+        tokens = torch.cat([rows.pending.unsqueeze(1), drafts], 1)  # [B, K+1]
+    elif K:
         width = int(rows.pile_count.max())
         drafts, verify_q, q_own = draft(mtp, rows.pile_tokens[:, :width], rows.pile_feats[:, :width],
                                         rows.pile_count, mcache, K, params, greedy, u[:, :K])
@@ -126,7 +145,7 @@ def speculative_step(target: Decoder, mtp: Draft | None, rows: Rows, cache, mcac
     p = probabilities(target.logits(hidden), params)
     # 3. accept
     step_tokens, num_accepted = rejection_sample_uniform(p, verify_q, drafts, u[:, K:2 * K], u[:, 2 * K],
-                                                         vocab_ids=vocab_ids)
+                                                         vocab_ids=vocab_ids, draft_lens=draft_lens)
     # 4. commit: each row's cache advances by its own count; rejected entries are overwritten later
     cache.lengths += num_accepted + 1
     if mtp is not None:
