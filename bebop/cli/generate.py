@@ -63,7 +63,7 @@ def start_vllm(args, model, mtp, modes: list[str], tmp: Path) -> dict:
         return {}
     if not vllm_engine.installed():
         raise BebopError("the vllm modes need vLLM: pip install 'bebop-rl[vllm]'")
-    if "vllm-spec" in modes and mtp.arch != "eagle3":
+    if "vllm-spec" in modes and getattr(mtp, "arch", None) != "eagle3":
         raise BebopError("vllm-spec needs an EAGLE-3 draft (--draft DIR, an EAGLE-3 checkpoint, or random-eagle3): "
                          "the DeepSeek MTP layout loads in bebop's engine only")
     model_dir, dtype = hf_dir(args.model), str(model.embed.weight.dtype).removeprefix("torch.")
@@ -156,8 +156,9 @@ def cmd_check_exactness(args):
     for t in result["tests"]:
         print(f"{t['test']:<40} p = {t['p_value']:.4f}")
     verdict = "consistent with exact sampling" if result["passed"] else "NOT exact: a test rejected at"
+    rate = result["acceptance_rate"]  # None: nothing was drafted (a history draft that found no match)
     print(f"{args.mode}, K = {args.draft_len}, T = {args.temperature:g}, {args.num_samples} samples, acceptance "
-          f"{result['acceptance_rate']:.3f}: {verdict} (family alpha {args.alpha:g}, each test at "
+          f"{'- (nothing drafted)' if rate is None else f'{rate:.3f}'}: {verdict} (family alpha {args.alpha:g}, each test at "
           f"{result['threshold']:.2g})")
     if args.output:
         Path(args.output).write_text(json.dumps(result, indent=1))

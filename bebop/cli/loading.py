@@ -1,5 +1,7 @@
 """The model and draft a command names (--model, --draft), loaded."""
 
+from bebop.cli.checks import HISTORY_DRAFT
+from bebop.drafts.history import HistoryDraft
 from bebop.drafts.registry import load_draft, new_draft, trained_draft
 from bebop.errors import BebopError
 from bebop.models.registry import load_model
@@ -15,7 +17,11 @@ def no_trained_draft(name: str) -> str:
 def pick_mtp(spec: str | None, model, need_trained=True):
     """--draft: a checkpoint path or EAGLE-3 directory, 'random' / 'random-eagle3' (seeded fresh drafts), or None:
     the model's shipped trained draft. Without one, None is refused when `need_trained` (a random draft would
-    silently slow speculative decoding down), else a seeded random draft (one that an online strategy trains)."""
+    silently slow speculative decoding down), else a seeded random draft (one that an online strategy trains).
+    A draft model only: 'history' is no model (`load` takes it)."""
+    if spec == HISTORY_DRAFT:
+        raise BebopError("--draft history drafts in generate, bench and check-exactness only; this command needs a "
+                         "draft model (a checkpoint, an EAGLE-3 directory, 'random' or 'random-eagle3')")
     if spec == "random":
         return new_draft(model, "mtp")
     if spec == "random-eagle3":
@@ -29,10 +35,12 @@ def pick_mtp(spec: str | None, model, need_trained=True):
 
 
 def load(args, need_mtp=True):
-    """(model, tokenizer, mtp) from --model / --draft."""
+    """(model, tokenizer, draft) from --model / --draft: a draft model (pick_mtp) or, for --draft history, an
+    empty history draft that learns from the rollouts as they are written (a group's samples draft from each
+    other's text)."""
     model, tok = load_model(args.model, dtype=getattr(args, "dtype", "float32"), compile=args.compile,
                           device=args.device)
     mtp = None
     if need_mtp:
-        mtp = pick_mtp(args.draft, model)
+        mtp = HistoryDraft() if args.draft == HISTORY_DRAFT else pick_mtp(args.draft, model)
     return model, tok, mtp

@@ -87,7 +87,8 @@ def add_model_args(p, draft=True, dtype=True, compile=True, device=True):
     if draft:
         p.add_argument("--draft", default=None, help="the draft: an MTP checkpoint (NAME.safetensors + NAME.json), an EAGLE-3 "
                    "directory (config.json + *.safetensors, as SpecForge writes and `bebop export` writes), 'random' or "
-                   "'random-eagle3' (seeded fresh drafts); default: the model's shipped trained draft (smollm2-135m: "
+                   "'random-eagle3' (seeded fresh drafts), 'history' (no model: each row drafts what followed its text "
+                   "in the other samples of its prompt, generate/bench/check-exactness); default: the model's shipped trained draft (smollm2-135m: "
                    "EAGLE-3); a speculative mode on a model without one is refused")
     if dtype:
         p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),

@@ -52,6 +52,28 @@ def test_generate_auto_draft_len_through_a_small_batch(tmp_path, capsys, monkeyp
     assert (tmp_path / COST_FILE).exists()
 
 
+def test_generate_drafts_from_the_history_of_a_prompt(tmp_path, capsys, monkeypatch):
+    """--draft history: no model; the samples of a prompt draft from each other's text as it is written, under
+    auto with the probed costs of a step that drafts nothing itself."""
+    monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
+    probe = autodraft.probe_costs  # taken as consistent (kept on disk), as tiny steps may not come out so
+    monkeypatch.setattr(autodraft, "probe_costs", lambda *a, **k: (probe(*a, **k)[0], True))
+    out = tmp_path / "out.jsonl"
+    main(["generate", "--model", "tiny-qwen3", "--draft", "history", "--prompt", "hello", "--num-samples", "6",
+          "--max-new-tokens", "16", "--max-batch", "2", "--temperature", "0", "--output", str(out)])
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) == 6 and len({tuple(x["tokens"]) for x in lines}) == 1  # T = 0: one greedy answer
+    stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert stats["tokens"] == sum(len(x["tokens"]) for x in lines)
+    assert stats["accepted"] > 0  # later samples drafted what the first ones wrote
+    assert "|draft=history|batch=" in (tmp_path / COST_FILE).read_text()
+
+
+def test_a_draft_model_command_refuses_the_history_draft(tmp_path, capsys):
+    err = run_error(capsys, ["export", "--model", "tiny-llama", "--draft", "history", "--out", str(tmp_path / "x")])
+    assert "--draft history drafts in generate, bench and check-exactness only" in err
+
+
 def test_bench_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
     main(["bench", "--model", "tiny-qwen3", "--draft", "random", "--batch-sizes", "1,2", "--modes", "ar,spec,spec-greedy,hf",
