@@ -1,0 +1,79 @@
+"""Rollouts over several epochs of the same RL prompts: plain sampling (`ar`) against the history draft
+(bebop.drafts.history), which learns from every rollout it drafts for, the earlier epochs' and the group's.
+
+    python examples/history_epochs.py [--task code] [--prompts 2] [--group 8] [--epochs 3] [--max-new-tokens 96]
+        [--temperature 1.0] [--max-draft-len 4] [--out results/bench/history-epochs.json]
+
+Each epoch samples every prompt `group` times (one batch of prompts x group rows, EOS stops) in both modes,
+in alternating order, with the same seeds; time per generated token is compared within the epoch (the
+machine's speed drifts between epochs). The history starts empty: epoch 0 drafts only from the group's text.
+"""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from bebop.drafts.history import HistoryDraft
+from bebop.engine.generation import generate
+from bebop.models import cpu
+from bebop.models.registry import chat_ids, load_model
+from bebop.sampling import SamplingParams
+from bebop.tasks import rl_tasks
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--task", default="code")
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--max-draft-len", type=int, default=4)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    model, tok = load_model(args.model, dtype=args.dtype)
+    tasks = rl_tasks(args.task, args.prompts, seed=0, split="train")
+    prompts = [chat_ids(tok, t.prompt) for t in tasks for _ in range(args.group)]
+    params = SamplingParams(temperature=args.temperature)
+    history = HistoryDraft()
+    machine = f"{cpu.cpu_model()} [{cpu.describe()}], {torch.get_num_threads()} threads, {args.dtype}"
+    print(f"{args.model}, {machine}; {len(prompts)} rows ({args.prompts} prompts x {args.group}), T={args.temperature}, "
+          f"max_draft_len {args.max_draft_len}", flush=True)
+
+    def run(mode, epoch):
+        start = time.perf_counter()
+        g = generate(model, prompts, args.max_new_tokens, params, mode=mode, draft=history if mode == "spec" else None,
+                     draft_len="auto", max_draft_len=args.max_draft_len, seed=1000 + epoch)
+        return time.perf_counter() - start, g
+
+    run("spec", -1)  # warm-up; and auto's one-off cost probe at this batch (the history is emptied below)
+    history.prompts.clear()
+    epochs = []
+    for epoch in range(args.epochs):
+        out = {}
+        for mode in (["ar", "spec"] if epoch % 2 == 0 else ["spec", "ar"]):
+            seconds, g = run(mode, epoch)
+            out[mode] = {"seconds": seconds, "tokens": g.stats.tokens, **({"stats": g.stats.summary()} if mode == "spec" else {})}
+        per_token = {m: out[m]["seconds"] / out[m]["tokens"] for m in out}
+        row = {"epoch": epoch, **out, "speedup_per_token": per_token["ar"] / per_token["spec"],
+               "history_tokens": sum(h.size for h in history.prompts.values())}
+        epochs.append(row)
+        s = out["spec"]["stats"]
+        print(f"epoch {epoch}: history {row['speedup_per_token']:.2f}x ar per token; acceptance "
+              f"{s['acceptance_rate'] or 0:.2f}, mean acceptance length {s['mean_acceptance_length'] or 1:.2f}, "
+              f"drafts per drafting row-step {s['mean_draft_len'] or 0:.2f}; tokens ar {out['ar']['tokens']} / "
+              f"history {out['spec']['tokens']}", flush=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"command": vars(args), "machine": machine, "rows": len(prompts),
+                                              "epochs": epochs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
