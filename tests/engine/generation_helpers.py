@@ -12,6 +12,9 @@ import bebop.engine.draft_len as autodraft
 import bebop.engine.generation as engine
 from bebop.drafts.registry import new_mtp
 from bebop.sampling import probabilities
+from bebop.studies.exactness import goodness_of_fit, two_sample
+
+P_OK = 1e-3  # an exactness check passes above this p-value
 
 TEXTS = ["hello", "What is 2+2?", "Tell me a story about a cat who lived on a boat."]
 
@@ -60,6 +63,17 @@ def exact_marginals(model, prompt, params):
 
 def token_matrix(gen):
     return np.array([r.tokens for r in gen.rollouts])
+
+
+def assert_exact_and_like_ar(model, gen, exact, ar, label):
+    """Each of the 3 tokens distributed as the exact target distribution and as plain sampling; tokens (1, 2) jointly
+    as plain sampling."""
+    toks, ref = token_matrix(gen), token_matrix(ar)
+    for j in range(3):
+        assert goodness_of_fit(toks[:, j], exact[j]) > P_OK, f"{label} token {j} vs exact"
+        assert two_sample(toks[:, j], ref[:, j]) > P_OK, f"{label} token {j} vs ar"
+    pairs = lambda t: t[:, 1] * model.cfg.vocab_size + t[:, 2]  # noqa: E731
+    assert two_sample(pairs(toks), pairs(ref)) > P_OK, f"{label} tokens (1, 2) vs ar"
 
 
 def scheduled(monkeypatch, schedule):

@@ -27,7 +27,8 @@ from bebop.models import cpu
 from bebop.models.registry import chat_ids
 from bebop.drafts.registry import default_mtp, new_mtp, shipped_draft
 from bebop.sampling import SamplingParams, probabilities
-from generation_helpers import TEXTS, agreeable_mtp, exact_marginals, scheduled, sharpened, token_matrix
+from generation_helpers import (TEXTS, agreeable_mtp, assert_exact_and_like_ar, exact_marginals, scheduled, sharpened,
+                                token_matrix)
 
 P_OK, P_BAD = 1e-3, 1e-6
 
@@ -69,17 +70,6 @@ def test_spec_matches_exact_distribution_and_ar(sharp, mode):
     alpha = gen.trace["alpha"].mean()
     assert alpha < 0.9
     assert_exact_and_like_ar(model, gen, exact, ar, mode)
-
-
-def assert_exact_and_like_ar(model, gen, exact, ar, label):
-    """Each of the 3 tokens distributed as the exact target distribution and as plain sampling; tokens (1, 2) jointly
-    as plain sampling."""
-    toks, ref = token_matrix(gen), token_matrix(ar)
-    for j in range(3):
-        assert gof(toks[:, j], exact[j]) > P_OK, f"{label} token {j} vs exact"
-        assert two_sample(toks[:, j], ref[:, j]) > P_OK, f"{label} token {j} vs ar"
-    pairs = lambda t: t[:, 1] * model.cfg.vocab_size + t[:, 2]  # noqa: E731
-    assert two_sample(pairs(toks), pairs(ref)) > P_OK, f"{label} tokens (1, 2) vs ar"
 
 
 def test_spec_with_a_two_block_eagle3_mtp_matches_exact_distribution(sharp):

@@ -15,7 +15,7 @@ from bebop.models.registry import chat_ids
 from bebop.sampling import SamplingParams
 from bebop.studies.exactness import goodness_of_fit as gof
 from bebop.studies.exactness import two_sample
-from generation_helpers import TEXTS, exact_marginals, sharpened, token_matrix
+from generation_helpers import TEXTS, assert_exact_and_like_ar, exact_marginals, sharpened, token_matrix
 
 P_OK, P_BAD = 1e-3, 1e-6
 ROWS = 3000
@@ -42,15 +42,6 @@ def history_of(prompt, completions, **options) -> HistoryDraft:
     return history
 
 
-def assert_like_exact_and_ar(model, gen, exact, ar, label):
-    toks, ref = token_matrix(gen), token_matrix(ar)
-    for j in range(3):
-        assert gof(toks[:, j], exact[j]) > P_OK, f"{label} token {j} vs exact"
-        assert two_sample(toks[:, j], ref[:, j]) > P_OK, f"{label} token {j} vs ar"
-    pairs = lambda t: t[:, 1] * model.cfg.vocab_size + t[:, 2]  # noqa: E731
-    assert two_sample(pairs(toks), pairs(ref)) > P_OK, f"{label} tokens (1, 2) vs ar"
-
-
 @pytest.mark.parametrize("learn", [False, True])
 def test_history_drafts_keep_the_target_distribution(sharp, learn):
     """Drafts from a history of earlier samples, fixed or fed with the rows as they are written: tokens and
@@ -63,7 +54,7 @@ def test_history_drafts_keep_the_target_distribution(sharp, learn):
     st = gen.stats
     assert 0.2 < st.acceptance_rate < 0.9
     assert st.steps > 0 and 1 < st.drafted / st.steps < 2  # some rows drafted one token, some two
-    assert_like_exact_and_ar(model, gen, exact, ar, f"history learn={learn}")
+    assert_exact_and_like_ar(model, gen, exact, ar, f"history learn={learn}")
 
 
 def test_history_check_catches_a_wrong_residual(sharp, monkeypatch):
