@@ -214,14 +214,15 @@ class Draft(nn.Module):
         tmp_config.replace(config_path)
 
 
-def target_forward(target: Decoder, mtp: Draft | None, tokens, cache):
+def target_forward(target: Decoder, mtp: Draft | None, tokens, cache, valid=None):
     """The target's hidden states [B, T, d] and what the draft reads of the same positions, before its own
     projection (Draft.features): the same tensor, or the outputs of the target layers an EAGLE-3 draft reads
-    [B, T, n*d]. The engine keeps them unprojected until the draft reads them: after plain steps it may never."""
+    [B, T, n*d]. The engine keeps them unprojected until the draft reads them: after plain steps it may never.
+    `valid` [B, T]: the real tokens of a padded step (Decoder.forward)."""
     if mtp is None or not mtp.feature_layers:
-        hidden = target(tokens, cache)
+        hidden = target(tokens, cache, valid=valid)
         return hidden, hidden
-    return target(tokens, cache, capture=mtp.feature_layers)
+    return target(tokens, cache, capture=mtp.feature_layers, valid=valid)
 
 
 def target_signature(target: Decoder) -> dict:

@@ -115,6 +115,17 @@ def row_uniforms(gens: list[torch.Generator], K: int, draft_lens: torch.Tensor |
     return u
 
 
+def verify_probabilities(target: Decoder, hidden, params: SamplingParams, valid) -> torch.Tensor:
+    """The target's p [B, T, V] from its hidden states [B, T, d]; with `valid` [B, T], the LM head and softmax
+    run at the valid positions only, and p is 0 at the padding (never accepted, never sampled from)."""
+    if valid is None or bool(valid.all()):
+        return probabilities(target.logits(hidden), params)
+    p_valid = probabilities(target.logits(hidden[valid]), params)  # [N, V]
+    p = p_valid.new_zeros(*valid.shape, p_valid.shape[-1])
+    p[valid] = p_valid
+    return p
+
+
 def speculative_step(target: Decoder, mtp: Draft | None, rows: Rows, cache, mcache, K: int, params: SamplingParams,
                      greedy: bool, vocab_ids, proposal: tuple[torch.Tensor, torch.Tensor] | None = None):
     """One step for every row: draft K tokens, verify them in one target forward, accept a prefix by rejection
@@ -140,9 +151,11 @@ def speculative_step(target: Decoder, mtp: Draft | None, rows: Rows, cache, mcac
     else:
         drafts = verify_q = torch.zeros(B, 0, dtype=torch.long, device=device)
         tokens = rows.pending.unsqueeze(1)  # [B, 1]
-    # 2. verify: the target scores [pending, x_1..x_K] in one forward
-    hidden, feats = target_forward(target, mtp, tokens, cache)
-    p = probabilities(target.logits(hidden), params)
+    # 2. verify: the target scores [pending, x_1..x_K] in one forward; rows of their own length verify only
+    # their own drafts (the per-token work is packed: bebop.models.decoder.Packed)
+    valid = None if draft_lens is None else torch.arange(K + 1, device=device) <= draft_lens.unsqueeze(1)  # [B, K+1]
+    hidden, feats = target_forward(target, mtp, tokens, cache, valid)
+    p = verify_probabilities(target, hidden, params, valid)
     # 3. accept
     step_tokens, num_accepted = rejection_sample_uniform(p, verify_q, drafts, u[:, K:2 * K], u[:, 2 * K],
                                                          vocab_ids=vocab_ids, draft_lens=draft_lens)

@@ -131,23 +131,59 @@ class Block(nn.Module):
         gate, up = self.w13(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.w2(F.silu(gate) * up)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, positions, rows, bias, attention=("sdpa", "sdpa"), residual=None):
+    def forward(self, x, cos, sin, k_cache, v_cache, positions, rows, bias, attention=("sdpa", "sdpa"), residual=None,
+                packed=None):
         """x [B, T, dim] at `positions` [B, T] of cache rows `rows` (arange(B)[:, None], built once for all
         layers); writes this step's k/v into the row's cache slots first, then attends over the cache prefix
         allowed by the additive `bias` [B, 1, T, S] (0 or -inf), or, for a paged cache, a PagedStep.
         `attention`: the kernels (ATTENTION_KINDS) for one new token and for 2..DECODE_MAX_T new tokens.
         `residual` [B, T, dim]: what the attention's output is added to, where it is not x (EAGLE-3's layer
-        attends from [embedding ; hidden] and adds to the hidden state)."""
+        attends from [embedding ; hidden] and adds to the hidden state).
+        `packed` (a Packed): x [1, N, dim] holds only the valid tokens of a padded [B, T] step, at `positions` and
+        cache rows `rows` [1, N]; the attention alone runs on the padded layout."""
         q, k, v = self.qkv(x, cos, sin)
         if isinstance(bias, PagedStep):  # a paged cache: vLLM's kernel writes and attends, in every phase
             return self.finish(x if residual is None else residual, bias.attend(q, k, v, k_cache, v_cache))
         k_cache[rows, :, positions] = k.transpose(1, 2)  # index_put: measured no slower than scatter/index_copy
         v_cache[rows, :, positions] = v.transpose(1, 2)
         S = bias.shape[-1]
-        T = x.shape[1]
+        T = x.shape[1] if packed is None else packed.T
         kind = "sdpa" if T > DECODE_MAX_T else attention[1 if T > 1 else 0]
-        attn = ATTENTION[kind](q, k_cache[:, :, :S], v_cache[:, :, :S], bias)
-        return self.finish(x if residual is None else residual, attn)
+        attn = ATTENTION[kind](q if packed is None else packed.pad(q), k_cache[:, :, :S], v_cache[:, :, :S], bias)
+        return self.finish(x if residual is None else residual, attn if packed is None else packed.pack(attn))
+
+@dataclass
+class Packed:
+    """The valid tokens of a padded step [B, T] (rows that verify different numbers of drafts), packed into
+    one sequence [1, N]: the per-token work (norms, projections, MLP, LM head) runs on N = valid.sum() tokens
+    instead of B * T; only the attention needs the padded layout, where a padded query reads the cache like
+    any other and its output is dropped (valid queries never read a padded position: those lie after them)."""
+    b: torch.Tensor  # [N] row of each valid token
+    t: torch.Tensor  # [N] its place in the row
+    B: int
+    T: int
+
+    @classmethod
+    def of(cls, valid: torch.Tensor) -> "Packed":
+        b, t = valid.nonzero(as_tuple=True)
+        return cls(b, t, *valid.shape)
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """[1, H, N, D] -> [B, H, T, D], zeros at the padding."""
+        out = x.new_zeros(self.B, self.T, x.shape[1], x.shape[3])
+        out[self.b, self.t] = x[0].transpose(0, 1)
+        return out.transpose(1, 2)
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, H, T, D] -> [1, H, N, D]."""
+        return x.transpose(1, 2)[self.b, self.t].transpose(0, 1).unsqueeze(0)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """[1, N, F] -> [B, T, F], zeros at the padding."""
+        out = x.new_zeros(self.B, self.T, x.shape[-1])
+        out[self.b, self.t] = x[0]
+        return out
+
 
 class Decoder(nn.Module):
     def __init__(self, cfg: DecoderConfig, max_len: int = 4096):
@@ -196,15 +232,24 @@ class Decoder(nn.Module):
         return self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, cache: KVCache, capture: tuple[int, ...] = ()):
+    def forward(self, tokens: torch.Tensor, cache: KVCache, capture: tuple[int, ...] = (),
+                valid: torch.Tensor | None = None):
         """Run T new tokens per row [B, T] after each row's cached prefix. Returns the last layer's hidden
         states [B, T, dim] before the final norm (what an MTP module consumes); with `capture` (layer indices,
         EMBEDDINGS for the embeddings), also those layers' outputs concatenated [B, T, len(capture) * dim] (an EAGLE-3
         draft's input). The
         cache lengths are NOT advanced: the caller commits as many positions per row as it keeps.
         With `compiled` set, decode and verify forwards (up to DECODE_MAX_T new tokens) run the layers through
-        torch.compile (bebop.models.compiled); prompts run eagerly."""
+        torch.compile (bebop.models.compiled); prompts run eagerly.
+        `valid` [B, T] (bool): which new tokens are real where rows verify different numbers of drafts; the rest
+        is padding, whose outputs mean nothing. Eager over a plain cache the per-token work runs on the valid
+        tokens only (Packed); compiled or paged, on all of them (the padding's cache entries then lie past the
+        row's length, as rejected drafts' do)."""
         positions, bias = step_positions(cache, tokens.shape[1], self.cfg.n_heads)
+        if valid is not None and not bool(valid.all()) and not cache.paged and not self.compiled:
+            packed = Packed.of(valid)
+            out = run_layers(self, tokens, cache.k, cache.v, positions, bias, capture, packed)
+            return (packed.unpack(out[0]), packed.unpack(torch.cat(out[1], -1))) if capture else packed.unpack(out)
         layers = run_layers
         if self.compiled and tokens.shape[1] <= DECODE_MAX_T:
             layers = compiled.layers(self, run_layers)
@@ -241,18 +286,22 @@ class Decoder(nn.Module):
         return model.to(weight.device, weight.dtype).eval().requires_grad_(False)
 
 
-def run_layers(model: Decoder, tokens, k_caches, v_caches, positions, bias, capture):
+def run_layers(model: Decoder, tokens, k_caches, v_caches, positions, bias, capture, packed: Packed | None = None):
     """Decoder.forward after its positions and bias: the rope, the embedding and the layer stack (what
     bebop.models.compiled compiles). Returns the last hidden states, and with `capture` also the list of the
-    captured layers' outputs."""
+    captured layers' outputs; `packed`: of the valid tokens only, [1, N, ...]."""
     # (the rope and the row indices are made here, so that their broadcast dimensions of size 1 are constants of
     # a compiled graph: as inputs over a paged cache their size would be a symbol, not taken to be 1)
+    if packed is None:
+        rows = torch.arange(tokens.shape[0], device=tokens.device).unsqueeze(1)
+    else:
+        tokens, positions = tokens[packed.b, packed.t].unsqueeze(0), positions[packed.b, packed.t].unsqueeze(0)
+        rows = packed.b.unsqueeze(0)
     cos, sin = model.rope(positions)
-    rows = torch.arange(tokens.shape[0], device=tokens.device).unsqueeze(1)
     x = model.embed(tokens)
     outputs = [x]  # the embeddings, then each layer's output: capture index i is outputs[i + 1]
     for i, layer in enumerate(model.layers):
-        x = layer(x, cos, sin, k_caches[i], v_caches[i], positions, rows, bias, model.attention)
+        x = layer(x, cos, sin, k_caches[i], v_caches[i], positions, rows, bias, model.attention, packed=packed)
         if capture:
             outputs.append(x)
     # (indexing, not `i in capture`: compiled with dynamic shapes the indices are symbols, which indexing turns

@@ -81,8 +81,9 @@ def test_chunked_prompt_through_kv_cache(trio):
     check_close(torch.cat(out), ref, "chunked")
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("attention", [(a, a) for a in ATTENTION_KINDS] + [("sdpa", "folded")])
-def test_ragged_right_padded_batch(trio, attention, monkeypatch):
+def test_ragged_right_padded_batch(trio, attention, packed, monkeypatch):
     hf, model, tok = trio
     monkeypatch.setattr(model, "attention", attention)  # steps of 1-3 tokens take the chosen decode kernels
     seqs = [registry.chat_ids(tok, t) for t in TEXTS]
@@ -100,7 +101,9 @@ def test_ragged_right_padded_batch(trio, attention, monkeypatch):
         check_close(logits[i, :len(s)], refs[i], f"ragged prefill row {i}")
 
     # (b) rows at different positions: a ragged prefill of a different-size prefix per row, then steps of
-    # 3 tokens per row (padded where a row has fewer left), each row advancing by its own count
+    # 3 tokens per row (padded where a row has fewer left), each row advancing by its own count; `packed`:
+    # the step says which tokens are padding (`valid`, as a draft length per row does), and the per-token work
+    # runs on the others only
     cache = model.new_cache(B, L + 8)
     first = [4, 9, 1]
     got = [[] for _ in seqs]
@@ -118,9 +121,14 @@ def test_ragged_right_padded_batch(trio, attention, monkeypatch):
         for i, s in enumerate(seqs):
             if take[i]:
                 step[i, :take[i]] = torch.tensor(s[pos[i]:pos[i] + take[i]])
-        lg = model.logits(model(step, cache))
+        valid = torch.arange(3) < torch.tensor(take).unsqueeze(1) if packed else None
+        before = cache.k[0].clone()
+        lg = model.logits(model(step, cache, valid=valid))
         for i in range(B):
             got[i].append(lg[i, :take[i]])
+            if packed and not cache.paged:  # the padding's work was skipped: nothing written past its tokens
+                past = slice(pos[i] + take[i], pos[i] + 3)
+                assert torch.equal(cache.k[0][i, :, past], before[i, :, past])
             pos[i] += take[i]
         cache.lengths += torch.tensor(take)
     for i in range(B):
