@@ -219,9 +219,25 @@ class StepCosts:
         m = self.measured.get((b, 0))
         return not m or m[1] < 2 or self.steps[b] - m[2] >= self.refresh
 
-    def record(self, batch: int, K: int, seconds: float) -> None:
+    def ragged(self, batch: int, drafts: np.ndarray) -> np.ndarray:
+        """Seconds of steps whose rows verify their own numbers of drafts, `drafts` in all (each entry a total):
+        the verify's per-token work is packed (bebop.models.decoder.Packed), so such a step costs about what
+        a step with drafts / batch drafts per row costs (the probe, linear between whole K), times what steps
+        like it measured against that (RAGGED), or the plain steps' ratio before."""
+        own = self.ratios().get(bucket(batch), {})
+        return self.ragged_probe(batch, drafts) * own.get(RAGGED, self(batch)[0] / self.probe(batch)[0])
+
+    def ragged_probe(self, batch: int, drafts) -> np.ndarray:
+        return np.interp(np.asarray(drafts, dtype=np.float64) / batch, np.arange(self.max_k + 1), self.probe(batch))
+
+    def record(self, batch: int, K: int, seconds: float, drafts: int | None = None) -> None:
+        """A step at `batch` rows that drafted K per row took `seconds`; with `drafts`, its rows drafted their
+        own numbers, `drafts` in all (up to K each; see ragged)."""
         b = bucket(batch)
-        ratio = seconds / self.probe(batch)[K]
+        if drafts is None:
+            ratio = seconds / self.probe(batch)[K]
+        else:
+            ratio, K = seconds / float(self.ragged_probe(batch, drafts)), RAGGED
         n = self.steps[b] = self.steps.get(b, 0) + 1
         m = self.measured.setdefault((b, K), [ratio, 0, n])
         w = self.decay ** (n - m[2])  # measured the step before: `decay`; many steps ago: ~0
@@ -230,6 +246,9 @@ class StepCosts:
         m[2] = n
         self.ratio_sum += ratio
         self.ratio_n += 1
+
+
+RAGGED = -1  # StepCosts' key for the steps whose rows drafted their own numbers (K is that of uniform steps)
 
 
 def step_costs_for(target, mtp, max_k: int) -> StepCosts:

@@ -165,31 +165,40 @@ def trace_step(mtp: Draft, rows: Rows, K: int, num_accepted, p, q_own) -> dict:
 def history_proposal(history: HistoryDraft, sched: Scheduler, rows: Rows, K: int, max_new_tokens: int,
                      costs: StepCosts | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's drafts from the history (at most K, and none past its token limit): drafts [B, k] padded with
-    NO_TOKEN to the longest row's k, and each row's own length [B]. Under "auto" (`costs`) the step verifies
-    k tokens per row with the k that maximises the expected tokens per second: cost(k) at this batch against
-    the tokens the rows' proposals promise (their chances, HistoryDraft.propose) cut at k; each row then
-    keeps at most k of its drafts. As under auto for a model's drafts, plain steps come first (the baseline),
-    and drafting must beat them by DRAFT_MARGIN."""
+    NO_TOKEN to the longest row's k, and each row's own length [B]. Under "auto" (`costs`) each row verifies
+    only the drafts worth their cost (drafts_worth_verifying); as under auto for a model's drafts, plain
+    steps come first (the baseline)."""
     room = (max_new_tokens - 1 - rows.n_out).clamp(0, K).tolist()
     proposed = [history.propose(sched.prompts[i], sched.out[i].tokens, k) for i, k in zip(rows.request, room)]
     if costs is not None and any(tokens for tokens, _ in proposed):
-        step_k = 0
-        if not costs.wants_baseline(len(rows)):
-            chances = np.zeros((len(rows), K))  # [B, K]: the chance that drafts 1..j are all accepted
-            for r, (_, c) in enumerate(proposed):
-                chances[r, :len(c)] = c
-            k_max = max(len(tokens) for tokens, _ in proposed)
-            expected = len(rows) + np.concatenate([[0.0], np.cumsum(chances.sum(0))])[:k_max + 1]  # [k_max + 1]
-            seconds = np.asarray(costs(len(rows))[:k_max + 1]) / expected
-            step_k = int(seconds.argmin())
-            step_k = step_k if seconds[step_k] < (1 - DRAFT_MARGIN) * seconds[0] else 0
-        proposed = [(tokens[:step_k], c[:step_k]) for tokens, c in proposed]
+        keep = [0] * len(rows) if costs.wants_baseline(len(rows)) else \
+            drafts_worth_verifying([c for _, c in proposed], costs, len(rows))
+        proposed = [(tokens[:k], c) for (tokens, c), k in zip(proposed, keep)]
     proposed = [tokens for tokens, _ in proposed]
     lens = torch.tensor([len(x) for x in proposed], dtype=torch.long)
     drafts = torch.full((len(rows), int(lens.max())), NO_TOKEN, dtype=torch.long)
     for r, x in enumerate(proposed):
         drafts[r, :len(x)] = torch.tensor(x, dtype=torch.long)
     return drafts.to(rows.pending.device), lens.to(rows.pending.device)
+
+
+def drafts_worth_verifying(chances: list[list[float]], costs: StepCosts, batch: int) -> list[int]:
+    """How many of its proposed drafts each row verifies, from each draft's chance that it and the row's drafts
+    before it are all accepted (a row's chances fall along its proposal). Verifying n drafts across the batch
+    costs StepCosts.ragged(n) (the per-token work is packed) and emits, in expectation, batch + the sum of
+    their chances: the n drafts taken are the likeliest n, with the n that minimises the expected seconds per
+    token; none unless that beats a plain step by DRAFT_MARGIN. So a row deep in a familiar answer drafts
+    deep while a row in new text drafts nothing, in the same step."""
+    likeliest = sorted(((-c, j, r) for r, row in enumerate(chances) for j, c in enumerate(row)))  # [M]
+    keep = [0] * batch
+    if not likeliest:
+        return keep
+    expected = batch + np.concatenate([[0.0], np.cumsum([-c for c, _, _ in likeliest])])  # [M + 1]
+    seconds = np.concatenate([[costs(batch)[0]], costs.ragged(batch, np.arange(1, len(likeliest) + 1))]) / expected
+    n = int(seconds.argmin())
+    for _, j, r in likeliest[:n if seconds[n] < (1 - DRAFT_MARGIN) * seconds[0] else 0]:
+        keep[r] = max(keep[r], j + 1)
+    return keep
 
 
 def record_history(history: HistoryDraft, sched: Scheduler, requests: list[int], recordings: dict[int, Recording]):
@@ -227,8 +236,9 @@ def decode(d: Decoding, target: Decoder, mtp: Draft | None, params: SamplingPara
         finished = sched.record(step_tokens, num_accepted, p)  # (its .tolist() waits for an accelerator)
         if history is not None and history.learn:
             record_history(history, sched, requests, recordings)
-        if d.costs is not None:
-            d.costs.record(n_rows, K, time.perf_counter() - started - fed)
+        if d.costs is not None:  # (a history draft's rows each verify their own number of drafts)
+            drafts = None if proposal is None or not K else int(proposal[1].sum())
+            d.costs.record(n_rows, K, time.perf_counter() - started - fed, drafts)
         free = sched.fill(finished)
     sched.bar.close()
     return traced

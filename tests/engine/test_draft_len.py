@@ -341,3 +341,16 @@ def test_a_dear_measurement_fades_back_to_the_estimate_once_old(monkeypatch):
         assert costs(1)[2] == pytest.approx(1.4 * (w * 5.0 + (1 - w) * 1.0))
     assert costs(1)[2] < 1.5  # back near the probe: K = 2 will be tried again
     assert choose_draft_len(torch.tensor([0.9, 0.9]), costs(1), 2) == 2
+
+
+def test_a_step_whose_rows_draft_their_own_numbers_costs_its_total_drafts(monkeypatch):
+    """Packed, a step whose 16 rows draft 8 tokens in all costs about a step with half a draft per row: the
+    probe between K = 0 and 1, times what such steps measured against it (the plain steps' ratio before)."""
+    monkeypatch.setattr(autodraft, "step_costs", lambda target, mtp, batch, max_k: [1.0, 2.0, 3.0][:max_k + 1])
+    costs = autodraft.StepCosts(None, None, 2, decay=0.5)
+    costs.record(16, 0, 2.0)
+    costs.record(16, 0, 2.0)  # plain steps at twice the probe
+    assert costs.ragged(16, [8, 16, 32]) == pytest.approx([3.0, 4.0, 6.0])
+    costs.record(16, 2, 3.0, drafts=8)
+    costs.record(16, 2, 3.0, drafts=8)  # 2x the probe at 0.5 drafts per row: not K = 2's cost
+    assert costs.ragged(16, [8, 24]) == pytest.approx([3.0, 5.0]) and costs(16)[2] == pytest.approx(6.0)

@@ -4,13 +4,16 @@ decoding at temperature 0 and, with a fixed history, independent of the other ro
 model's own samples makes its drafts often right (the case that exercises acceptance), and the checks must
 fail on an engine that accepts them with the wrong rule."""
 
+import itertools
+
 import numpy as np
 import pytest
 
 import bebop.engine.step as step
 import bebop.sampling as sampling
 from bebop.drafts.history import HistoryDraft
-from bebop.engine.generation import generate
+from bebop.engine.draft_len import DRAFT_MARGIN
+from bebop.engine.generation import drafts_worth_verifying, generate
 from bebop.models.registry import chat_ids
 from bebop.sampling import SamplingParams
 from bebop.studies.exactness import goodness_of_fit as gof
@@ -135,3 +138,36 @@ def test_a_history_draft_learns_from_the_rows_it_generates(warm):
                       max_batch=2)
     assert learnt.stats.drafted > 0
     assert sum(h.size for h in history.prompts.values()) == sum(len(r.tokens) for r in learnt.rollouts)
+
+
+class LinearCosts:
+    """A plain step costs 1; each draft verified adds `per_draft` (the packed verify's per-token work)."""
+
+    def __init__(self, per_draft):
+        self.per_draft = per_draft
+
+    def __call__(self, batch):
+        return [1.0]
+
+    def ragged(self, batch, drafts):
+        return 1.0 + self.per_draft * np.asarray(drafts, dtype=np.float64)
+
+
+def test_each_row_verifies_the_drafts_worth_their_cost():
+    """A row deep in a familiar answer drafts deep while rows in new text draft nothing, in the same step;
+    and the choice is the fewest expected seconds per token over every way to cut the rows' proposals."""
+    batch = 16
+    chances = [[0.95, 0.9, 0.86, 0.8]] + [[0.2]] * 15
+    assert drafts_worth_verifying(chances, LinearCosts(0.02), batch) == [4] + [0] * 15
+    assert drafts_worth_verifying(chances, LinearCosts(0.2), batch) == [0] * 16  # dearer than it promises
+    assert drafts_worth_verifying([[]] * batch, LinearCosts(0.0), batch) == [0] * 16
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        rows = [np.cumprod(rng.uniform(0.2, 1.0, rng.integers(0, 3))).tolist() for _ in range(3)]
+        costs = LinearCosts(rng.uniform(0.01, 0.5))
+
+        def seconds(keep):
+            return costs.ragged(3, sum(keep)) / (3 + sum(sum(c[:k]) for c, k in zip(rows, keep)))
+        best = min(itertools.product(*(range(len(c) + 1) for c in rows)), key=seconds)
+        want = list(best) if seconds(best) < (1 - DRAFT_MARGIN) * seconds((0, 0, 0)) else [0, 0, 0]
+        assert drafts_worth_verifying(rows, costs, 3) == want
