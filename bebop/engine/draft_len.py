@@ -223,9 +223,15 @@ class StepCosts:
         """Seconds of steps whose rows verify their own numbers of drafts, `drafts` in all (each entry a total):
         the verify's per-token work is packed (bebop.models.decoder.Packed), so such a step costs about what
         a step with drafts / batch drafts per row costs (the probe, linear between whole K), times what steps
-        like it measured against that (RAGGED), or the plain steps' ratio before."""
-        own = self.ratios().get(bucket(batch), {})
-        return self.ragged_probe(batch, drafts) * own.get(RAGGED, self(batch)[0] / self.probe(batch)[0])
+        like it measured against that (RAGGED), fading to the plain steps' ratio once `refresh` steps old (as
+        a K's own measurement does in __call__: a step measured dear is not taken again to be re-measured)."""
+        b = bucket(batch)
+        ratio = self(batch)[0] / self.probe(batch)[0]
+        if RAGGED in self.ratios().get(b, {}):
+            m = self.measured[(b, RAGGED)]
+            w = self.forget ** max(0, self.steps[b] - m[2] - self.refresh)
+            ratio = w * m[0] + (1 - w) * ratio
+        return self.ragged_probe(batch, drafts) * ratio
 
     def ragged_probe(self, batch: int, drafts) -> np.ndarray:
         return np.interp(np.asarray(drafts, dtype=np.float64) / batch, np.arange(self.max_k + 1), self.probe(batch))
