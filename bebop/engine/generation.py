@@ -163,23 +163,24 @@ def trace_step(mtp: Draft, rows: Rows, K: int, num_accepted, p, q_own) -> dict:
 
 
 def history_proposal(history: HistoryDraft, sched: Scheduler, rows: Rows, K: int, max_new_tokens: int,
-                     costs: StepCosts | None) -> tuple[torch.Tensor, torch.Tensor]:
+                     costs: StepCosts | None) -> tuple[tuple[torch.Tensor, torch.Tensor], list]:
     """Each row's drafts from the history (at most K, and none past its token limit): drafts [B, k] padded with
-    NO_TOKEN to the longest row's k, and each row's own length [B]. Under "auto" (`costs`) each row verifies
-    only the drafts worth their cost (drafts_worth_verifying); as under auto for a model's drafts, plain
-    steps come first (the baseline)."""
+    NO_TOKEN to the longest row's k and each row's own length [B]; and each row's drafts' kinds
+    (Proposal.kinds, for HistoryDraft.observe). Under "auto" (`costs`) each row verifies only the drafts worth
+    their cost (drafts_worth_verifying); as under auto for a model's drafts, plain steps come first (the
+    baseline)."""
     room = (max_new_tokens - 1 - rows.n_out).clamp(0, K).tolist()
     proposed = [history.propose(sched.prompts[i], sched.out[i].tokens, k) for i, k in zip(rows.request, room)]
-    if costs is not None and any(tokens for tokens, _ in proposed):
+    keep = [len(p.tokens) for p in proposed]
+    if costs is not None and any(keep):
         keep = [0] * len(rows) if costs.wants_baseline(len(rows)) else \
-            drafts_worth_verifying([c for _, c in proposed], costs, len(rows))
-        proposed = [(tokens[:k], c) for (tokens, c), k in zip(proposed, keep)]
-    proposed = [tokens for tokens, _ in proposed]
-    lens = torch.tensor([len(x) for x in proposed], dtype=torch.long)
+            drafts_worth_verifying([p.chances for p in proposed], costs, len(rows))
+    lens = torch.tensor(keep, dtype=torch.long)
     drafts = torch.full((len(rows), int(lens.max())), NO_TOKEN, dtype=torch.long)
-    for r, x in enumerate(proposed):
-        drafts[r, :len(x)] = torch.tensor(x, dtype=torch.long)
-    return drafts.to(rows.pending.device), lens.to(rows.pending.device)
+    for r, (p, k) in enumerate(zip(proposed, keep)):
+        drafts[r, :k] = torch.tensor(p.tokens[:k], dtype=torch.long)
+    dev = rows.pending.device
+    return (drafts.to(dev), lens.to(dev)), [p.kinds[:k] for p, k in zip(proposed, keep)]
 
 
 def drafts_worth_verifying(chances: list[list[float]], costs: StepCosts, batch: int) -> list[int]:
@@ -222,13 +223,17 @@ def decode(d: Decoding, target: Decoder, mtp: Draft | None, params: SamplingPara
         started = time.perf_counter()
         K, width = choose_step_draft_len(d, rows, max_new_tokens)
         fed = feed_pile(d, mtp, rows, K, width)
-        proposal = None if history is None else history_proposal(history, sched, rows, K, max_new_tokens, d.costs)
-        K = K if proposal is None else proposal[0].shape[1]
+        proposal = kinds = None
+        if history is not None:
+            proposal, kinds = history_proposal(history, sched, rows, K, max_new_tokens, d.costs)
+            K = proposal[0].shape[1]
         requests = list(rows.request)
         step_tokens, num_accepted, p, q_own = speculative_step(target, mtp, rows, d.cache, d.mcache, K, params,
                                                                greedy, d.vocab_ids, proposal)
         if d.acceptance is not None:
             d.acceptance.update(K, num_accepted)
+        if kinds is not None and K:
+            history.observe(kinds, num_accepted.tolist())
         if K:  # plain decoding makes no speculative steps
             stats.count_step(K, num_accepted, None if proposal is None else proposal[1])
             if trace and mtp is not None:

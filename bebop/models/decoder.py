@@ -140,33 +140,69 @@ class Block(nn.Module):
         `residual` [B, T, dim]: what the attention's output is added to, where it is not x (EAGLE-3's layer
         attends from [embedding ; hidden] and adds to the hidden state).
         `packed` (a Packed): x [1, N, dim] holds only the valid tokens of a padded [B, T] step, at `positions` and
-        cache rows `rows` [1, N]; the attention alone runs on the padded layout."""
+        cache rows `rows` [1, N] (see Packed.attend)."""
         q, k, v = self.qkv(x, cos, sin)
         if isinstance(bias, PagedStep):  # a paged cache: vLLM's kernel writes and attends, in every phase
             return self.finish(x if residual is None else residual, bias.attend(q, k, v, k_cache, v_cache))
         k_cache[rows, :, positions] = k.transpose(1, 2)  # index_put: measured no slower than scatter/index_copy
         v_cache[rows, :, positions] = v.transpose(1, 2)
+        if packed is not None:
+            return self.finish(x if residual is None else residual, packed.attend(q, k_cache, v_cache, attention))
         S = bias.shape[-1]
-        T = x.shape[1] if packed is None else packed.T
-        kind = "sdpa" if T > DECODE_MAX_T else attention[1 if T > 1 else 0]
-        attn = ATTENTION[kind](q if packed is None else packed.pad(q), k_cache[:, :, :S], v_cache[:, :, :S], bias)
-        return self.finish(x if residual is None else residual, attn if packed is None else packed.pack(attn))
+        attn = ATTENTION[kernel(x.shape[1], attention)](q, k_cache[:, :, :S], v_cache[:, :, :S], bias)
+        return self.finish(x if residual is None else residual, attn)
 
 @dataclass
 class Packed:
     """The valid tokens of a padded step [B, T] (rows that verify different numbers of drafts), packed into
     one sequence [1, N]: the per-token work (norms, projections, MLP, LM head) runs on N = valid.sum() tokens
-    instead of B * T; only the attention needs the padded layout, where a padded query reads the cache like
-    any other and its output is dropped (valid queries never read a padded position: those lie after them)."""
+    instead of B * T. The attention runs in two parts where every row has its first token (a verify step: the
+    pending token): every row's first token, a plain decoding step's attention; then the other tokens of the
+    rows that have more (the drafting rows), over those rows' cache only. Otherwise on the padded layout, where
+    a padded query reads the cache like any other and its output is dropped."""
     b: torch.Tensor  # [N] row of each valid token
     t: torch.Tensor  # [N] its place in the row
     B: int
     T: int
+    bias: torch.Tensor  # [B, 1, T, S] the step's additive causal bias
+    first: torch.Tensor | None  # [B] where each row's first token is in the packed order (None: a row has none)
+    drafting: torch.Tensor  # [R] the rows with more than one token
+    rest: torch.Tensor  # [M] where their other tokens are in the packed order
+    rest_at: tuple[torch.Tensor, torch.Tensor]  # ([M] index into drafting, [M] place after the first token)
+    rest_bias: torch.Tensor  # [R, 1, T-1, S] the bias of the drafting rows' other tokens
 
     @classmethod
-    def of(cls, valid: torch.Tensor) -> "Packed":
+    def of(cls, valid: torch.Tensor, bias: torch.Tensor) -> "Packed":
         b, t = valid.nonzero(as_tuple=True)
-        return cls(b, t, *valid.shape)
+        B, T = valid.shape
+        first = (t == 0).nonzero().squeeze(1)
+        first = first if len(first) == B else None
+        drafting = valid[:, 1:].any(1).nonzero().squeeze(1)  # [R]
+        rest = (t > 0).nonzero().squeeze(1)  # [M]
+        slot = torch.full((B,), -1, dtype=torch.long, device=b.device)
+        slot[drafting] = torch.arange(len(drafting), device=b.device)
+        return cls(b, t, B, T, bias, first, drafting, rest, (slot[b[rest]], t[rest] - 1), bias[drafting, :, 1:])
+
+    def attend(self, q, k_cache, v_cache, attention) -> torch.Tensor:
+        """q [1, H, N, D] over the cache (its step's k/v written) -> the attention's output [1, H, N, D];
+        `attention`: the kernels for one new token and for several (Decoder.attention)."""
+        S = self.bias.shape[-1]
+        k_cache, v_cache = k_cache[:, :, :S], v_cache[:, :, :S]
+        if self.first is None:
+            out = ATTENTION[kernel(self.T, attention)](self.pad(q), k_cache, v_cache, self.bias)
+            return self.pack(out)
+        q = q[0]  # [H, N, D]
+        out = torch.empty_like(q)
+        firsts = q[:, self.first].transpose(0, 1).unsqueeze(2)  # [B, H, 1, D]
+        out[:, self.first] = ATTENTION[attention[0]](firsts, k_cache, v_cache, self.bias[:, :, :1])[:, :, 0].transpose(0, 1)
+        if len(self.drafting):
+            R, T = len(self.drafting), self.T - 1
+            rest = q.new_zeros(R, T, q.shape[0], q.shape[2])  # [R, T-1, H, D]
+            rest[self.rest_at] = q[:, self.rest].transpose(0, 1)
+            d = self.drafting
+            o = ATTENTION[kernel(T, attention)](rest.transpose(1, 2), k_cache[d], v_cache[d], self.rest_bias)
+            out[:, self.rest] = o.transpose(1, 2)[self.rest_at].transpose(0, 1)
+        return out.unsqueeze(0)
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """[1, H, N, D] -> [B, H, T, D], zeros at the padding."""
@@ -183,6 +219,12 @@ class Packed:
         out = x.new_zeros(self.B, self.T, x.shape[-1])
         out[self.b, self.t] = x[0]
         return out
+
+
+def kernel(T: int, attention: tuple[str, str]) -> str:
+    """The attention kernel for T new tokens per row: the decode kernels (Decoder.attention) up to DECODE_MAX_T,
+    SDPA's fused one above (prompts)."""
+    return "sdpa" if T > DECODE_MAX_T else attention[1 if T > 1 else 0]
 
 
 class Decoder(nn.Module):
@@ -247,7 +289,7 @@ class Decoder(nn.Module):
         row's length, as rejected drafts' do)."""
         positions, bias = step_positions(cache, tokens.shape[1], self.cfg.n_heads)
         if valid is not None and not bool(valid.all()) and not cache.paged and not self.compiled:
-            packed = Packed.of(valid)
+            packed = Packed.of(valid, bias)
             out = run_layers(self, tokens, cache.k, cache.v, positions, bias, capture, packed)
             return (packed.unpack(out[0]), packed.unpack(torch.cat(out[1], -1))) if capture else packed.unpack(out)
         layers = run_layers

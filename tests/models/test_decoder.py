@@ -135,6 +135,29 @@ def test_ragged_right_padded_batch(trio, attention, packed, monkeypatch):
         check_close(torch.cat(got[i]), refs[i], f"ragged chunked row {i}")
 
 
+@pytest.mark.parametrize("lens", [[1, 4, 2], [0, 3, 1]], ids=["every-row-verifies", "a-row-without-tokens"])
+def test_a_packed_step_equals_the_padded_one(trio, lens):
+    """A step whose rows have their own numbers of new tokens: packed (the per-token work on those only, the
+    attention of each row's first token apart from its others', or padded where a row has none) gives the
+    padded step's outputs and cache entries at every real token."""
+    _, model, tok = trio
+    seqs = [registry.chat_ids(tok, t) for t in TEXTS]
+    B = len(seqs)
+    caches = [model.new_cache(B, 64 + 8) for _ in range(2)]
+    for cache in caches:
+        for i, ids in enumerate(seqs):
+            model(torch.tensor([ids[:20]]), one := model.new_cache(1, 64 + 8))
+            cache.write_rows(torch.tensor([i]), one, torch.tensor([0]))
+            cache.lengths[i] = len(ids[:20]) - 3 * i  # rows at different positions
+    step = torch.randint(model.cfg.vocab_size, (B, 4), generator=torch.Generator().manual_seed(0))
+    valid = torch.arange(4) < torch.tensor(lens).unsqueeze(1)
+    padded, packed = model(step, caches[0]), model(step, caches[1], valid=valid)
+    assert torch.allclose(padded[valid], packed[valid], atol=1e-4)
+    b, t = valid.nonzero(as_tuple=True)
+    at = caches[0].lengths[b] + t
+    assert torch.allclose(caches[0].k[-1][b, :, at], caches[1].k[-1][b, :, at], atol=1e-4)
+
+
 def test_unknown_model_name():
     with pytest.raises(BebopError, match="unknown model"):
         registry.load_hf("no-such-model-xyz")
