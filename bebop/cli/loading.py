@@ -20,7 +20,7 @@ def pick_mtp(spec: str | None, model, need_trained=True):
     silently slow speculative decoding down), else a seeded random draft (one that an online strategy trains).
     A draft model only: 'history' is no model (`load` takes it)."""
     if spec == HISTORY_DRAFT:
-        raise BebopError("--draft history drafts in generate, bench and check-exactness only; this command needs a "
+        raise BebopError("--draft history drafts in generate, bench, check-exactness and rl only; this command needs a "
                          "draft model (a checkpoint, an EAGLE-3 directory, 'random' or 'random-eagle3')")
     if spec == "random":
         return new_draft(model, "mtp")

@@ -127,13 +127,18 @@ def add_rl_args(p):
     d = RLConfig()
     p.add_argument("--model", default=d.model, help="registry name or local Hugging Face model directory")
     p.add_argument("--device", default=d.device, help=DEVICE_HELP + " (the trainer and the rollouts share it)")
-    p.add_argument("--draft", default=d.draft, help="the draft, as for generate: a checkpoint, an EAGLE-3 directory, 'random' or "
-                   "'random-eagle3'; default: the model's shipped draft (EAGLE-3 for smollm2-135m), required with --draft-strategy "
-                   "frozen on a model without one (online strategies train a random one)")
+    p.add_argument("--draft", default=d.draft, help="the draft, as for generate: a checkpoint, an EAGLE-3 directory, 'random', "
+                   "'random-eagle3' or 'history' (no model: each row drafts what followed its text in the earlier "
+                   "rollouts of its prompt, learnt as the run goes and saved with its checkpoints); default: the model's "
+                   "shipped draft (EAGLE-3 for smollm2-135m), required with --draft-strategy frozen on a model without "
+                   "one (online strategies train a random one)")
     p.add_argument("--task", default=d.task, help="RL task (arithmetic, code)")
     p.add_argument("--difficulty", default=d.difficulty, help="task difficulty level (default: the task's)")
     p.add_argument("--steps", type=int, default=d.steps, help="GRPO steps")
     p.add_argument("--prompts-per-step", type=int, default=d.prompts_per_step, help="prompts per step (each gets --num-generations completions)")
+    p.add_argument("--num-train-prompts", type=int, default=d.num_train_prompts, help="training prompts, taken in turn: "
+                   "each comes back every num-train-prompts / prompts-per-step steps (epochs); 0: steps x "
+                   "prompts-per-step, each once")
     p.add_argument("--num-generations", type=int, default=d.num_generations, help="G: completions per prompt")
     p.add_argument("--max-completion-length", type=int, default=d.max_completion_length, help="tokens per completion at most")
     p.add_argument("--temperature", type=float, default=d.temperature, help="rollout sampling temperature")

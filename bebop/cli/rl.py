@@ -7,6 +7,7 @@ from pathlib import Path
 
 from bebop.backends.vllm import engine as vllm_engine
 from bebop.cli.loading import pick_mtp
+from bebop.drafts.history import HistoryDraft
 from bebop.drafts.registry import shipped_draft
 from bebop.errors import BebopError
 from bebop.models.registry import hf_dir, load_model
@@ -27,7 +28,7 @@ def cmd_rl(args):
     if vllm_auto_k:  # vLLM has no automatic K: the draft's trained depth, once the draft is known (below)
         values["draft_len"] = args.max_draft_len
     cfg = RLConfig(**values).validate()
-    train = rl_tasks(cfg.task, cfg.steps * cfg.prompts_per_step, cfg.seed, "train", cfg.difficulty)
+    train = rl_tasks(cfg.task, cfg.train_prompts, cfg.seed, "train", cfg.difficulty)
     heldout = rl_tasks(cfg.task, cfg.eval_prompts, cfg.seed, "heldout", cfg.difficulty)
     if cfg.rollout_backend == "vllm":  # what vLLM cannot run: one line before any model loads
         if not vllm_engine.installed():
@@ -41,6 +42,8 @@ def cmd_rl(args):
         if mtp is None:
             raise BebopError(f"--rollout-backend vllm with --rollout {cfg.rollout} needs an EAGLE-3 draft (--draft DIR "
                              f"or random-eagle3): '{cfg.model}' ships none")
+    elif cfg.rollout != "ar" and cfg.draft == "history":
+        mtp = HistoryDraft()  # learns from every rollout; a resumed run's comes from its checkpoint
     elif cfg.rollout != "ar":
         mtp = pick_mtp(cfg.draft, policy, need_trained=cfg.draft_strategy == "frozen")  # online strategies train it
         if cfg.rollout_backend == "vllm" and mtp.arch != "eagle3":

@@ -24,11 +24,13 @@ RENAMED_FIELDS = {"mtp": "draft", "mtp_strategy": "draft_strategy", "mtp_learnin
 class RLConfig:
     model: str = "smollm2-135m"
     device: str = "auto"  # auto: a CUDA GPU where torch sees one, else the CPU (bebop.models.devices)
-    draft: str | None = None  # checkpoint path or EAGLE-3 directory, 'random', or None = the model's shipped draft
+    draft: str | None = None  # checkpoint path or EAGLE-3 directory, 'random', 'history' (earlier rollouts), or
+    # None = the model's shipped draft
     task: str = "arithmetic"
     difficulty: str | None = None  # the task's default level if None
     steps: int = 20
     prompts_per_step: int = 4
+    num_train_prompts: int = 0  # the training prompts, taken in turn (epochs); 0 = steps x prompts_per_step, each once
     num_generations: int = 4  # G: completions per prompt (one GRPO group)
     max_completion_length: int = 96
     temperature: float = 1.0
@@ -76,6 +78,11 @@ class RLConfig:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
     @property
+    def train_prompts(self) -> int:
+        """How many training prompts the run takes in turn (num_train_prompts, or each step's own)."""
+        return self.num_train_prompts or self.steps * self.prompts_per_step
+
+    @property
     def draft_depth(self) -> int:
         """The deepest draft a rollout makes: what an online MTP strategy trains to (a fixed K, or auto's most)."""
         return self.max_draft_len if self.draft_len == "auto" else self.draft_len
@@ -100,7 +107,8 @@ class RLConfig:
         for name in ("learning_rate", "temperature", "importance_sampling_cap"):
             if not getattr(self, name) > 0:
                 raise BebopError(f"--{flag(name)} must be > 0, got {getattr(self, name)}")
-        for name in ("beta", "epsilon", "weight_decay", "draft_learning_rate", "eval_every", "threads", "max_grad_norm"):
+        for name in ("beta", "epsilon", "weight_decay", "draft_learning_rate", "eval_every", "threads", "max_grad_norm",
+                     "num_train_prompts"):
             if not getattr(self, name) >= 0:
                 raise BebopError(f"--{flag(name)} must be >= 0, got {getattr(self, name)}")
         if self.epsilon_high is not None and not self.epsilon_high >= 0:
@@ -116,6 +124,15 @@ class RLConfig:
                              "it has no automatic K)")
         if self.rollout == "ar" and self.draft_strategy != "frozen":
             raise BebopError(f"--draft-strategy {self.draft_strategy} needs a speculative --rollout (spec or spec-greedy)")
+        if self.draft == "history":  # (bebop.drafts.history: a table of earlier rollouts, held by the worker)
+            if self.rollout_backend == "vllm":
+                raise BebopError("--draft history drafts in bebop's engine only (--rollout-backend bebop); vLLM's "
+                                 "own n-gram drafter is its speculative_config")
+            if self.draft_strategy != "frozen":
+                raise BebopError(f"--draft history has no weights to train: --draft-strategy {self.draft_strategy} "
+                                 "needs a draft model")
+            if self.rollout_workers > 1:
+                raise BebopError("--draft history needs one rollout worker: each would keep a history of its own")
         if self.rollout_workers < 1:
             raise BebopError(f"--rollout-workers must be >= 1, got {self.rollout_workers}")
         if self.rollout_workers > 1 and self.ray is None:

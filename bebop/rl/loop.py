@@ -25,6 +25,7 @@ from tqdm import tqdm
 from bebop import io as checkpoint
 from bebop.backends.vllm.worker import DRAFT_CHECK_TOL, vllm_args
 from bebop.drafts.base import Draft
+from bebop.drafts.history import HistoryDraft
 from bebop.errors import BebopError
 from bebop.models import DTYPES  # noqa: F401 -- old name (bebop.rl.loop.DTYPES), kept for one release
 from bebop.models import cpu, devices
@@ -51,7 +52,7 @@ class Learner:
     policy: Decoder
     opt: torch.optim.Optimizer
     ref: Decoder | None
-    mtp: Draft | None  # None for autoregressive rollouts
+    mtp: Draft | HistoryDraft | None  # None for autoregressive rollouts
     mtp_opt: torch.optim.Optimizer | None  # None unless the MTP trains online
     use_bf16: bool = False  # training forwards under bf16 autocast
 
@@ -96,14 +97,15 @@ def step_prompts(pool: list, prompt_ids: list[list[int]], cfg: RLConfig, step: i
 
 # ----- checkpoints: everything into a fresh directory, then one os.replace of the pointer file -----
 
-def save_checkpoint(out: Path, step: int, policy, mtp, opt, mtp_opt, pending) -> None:
-    """Policy (+ the MTP when it trains), optimisers, RNG and the in-flight one-step batch, committed together
-    (bebop.io: one directory rename is the commit point)."""
+def save_checkpoint(out: Path, step: int, policy, mtp, opt, mtp_opt, pending, history: dict | None = None) -> None:
+    """Policy (+ the MTP when it trains), optimisers, RNG, the in-flight one-step batch and a history draft's
+    state (the worker's, RolloutWorker.draft_state), committed together (bebop.io: one directory rename is the
+    commit point)."""
     tensors = {f"policy.{k}": v for k, v in policy_state(policy).items()}
     if mtp is not None:
         tensors.update({f"mtp.{k}": v for k, v in mtp.state_dict().items()})
     state = {"optimizer": opt.state_dict(), "mtp_optimizer": mtp_opt and mtp_opt.state_dict(),
-             "torch_rng": torch.get_rng_state(), "pending": pending}
+             "torch_rng": torch.get_rng_state(), "pending": pending, "history": history}
     checkpoint.save_checkpoint(out / "ckpt", step, tensors, state)
 
 
@@ -126,8 +128,8 @@ def load_checkpoint(out: Path, policy, mtp, opt, mtp_opt) -> dict:
 
 # ----- the run: prepare, build, loop, record -----
 
-def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, eval_tasks: list, mtp: Draft | None,
-           score=None, resume: bool = False, progress: bool = True) -> list[dict]:
+def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, eval_tasks: list,
+           mtp: Draft | HistoryDraft | None, score=None, resume: bool = False, progress: bool = True) -> list[dict]:
     """Train `policy` (fp32, in place) with GRPO for cfg.steps steps; write DIR/metrics.jsonl, DIR/eval.jsonl,
     DIR/config.json and checkpoints. `score(tasks, texts) -> list[float]` rewards completions (default: each
     task's own reward). Returns the metric rows of the steps run."""
@@ -147,6 +149,8 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
     if resume:
         state = load_checkpoint(out, policy, learner.trained_mtp, learner.opt, learner.mtp_opt)
         start, pending = state["step"], state["pending"]
+        if isinstance(learner.mtp, HistoryDraft) and state.get("history") is not None:
+            learner.mtp = HistoryDraft.from_state(state["history"])  # drafts as the uninterrupted run would
         for name in ("metrics.jsonl", "eval.jsonl"):  # drop rows logged after the checkpoint: they are redone
             checkpoint.truncate_log(out / name, start)
     side.worker, side.draft_tol = start_workers(cfg, out, learner, side, rollout_threads)
@@ -190,7 +194,7 @@ def thread_split(cfg: RLConfig) -> tuple[int, int]:
     return total, total
 
 
-def build_learner(cfg: RLConfig, policy: Decoder, mtp: Draft | None) -> Learner:
+def build_learner(cfg: RLConfig, policy: Decoder, mtp: Draft | HistoryDraft | None) -> Learner:
     """The policy's optimiser and reference; the draft dropped for autoregressive rollouts, given an optimiser
     when an online strategy trains it."""
     policy.requires_grad_(True).eval()
@@ -298,7 +302,8 @@ def run_steps(cfg: RLConfig, out: Path, learner: Learner, side: Rollouts, start:
             f.write(json.dumps(row) + "\n")
         rows.append(row)
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            save_checkpoint(out, step + 1, learner.policy, learner.trained_mtp, learner.opt, learner.mtp_opt, pending)
+            save_checkpoint(out, step + 1, learner.policy, learner.trained_mtp, learner.opt, learner.mtp_opt, pending,
+                            side.worker.draft_state() if isinstance(learner.mtp, HistoryDraft) else None)
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward_mean']:.2f}",
                         acc="-" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.2f}")
@@ -350,7 +355,8 @@ def metrics_row(step: int, rewards: torch.Tensor, samples: list[Sample], got: di
             "entropy_mean": ent, "acceptance_rate": stats["acceptance_rate"],
             "mean_acceptance_length": stats["mean_acceptance_length"],
             "per_position_acceptance": stats["per_position_acceptance"],
-            "mean_draft_len": stats["mean_draft_len"], "tokens": n_tok,
+            "mean_draft_len": stats["mean_draft_len"], "drafted_tokens": stats.get("drafted"),
+            "accepted_tokens": stats.get("accepted"), "tokens": n_tok,
             "completion_length_mean": n_tok / len(samples), "rollout_s": got["rollout_s"], **times,
             "dispatch_s": got.get("dispatch_s"),  # Ray: the batch's wall time beyond its slowest worker's
             "policy_version": step, "rollout_policy_version": got["version"],
@@ -361,7 +367,7 @@ def evaluate(cfg: RLConfig, out: Path, side: Rollouts, step: int) -> dict:
     """The held-out reward of the weights the rollout side holds (the eval prompts, one fixed seed), appended to
     eval.jsonl."""
     t0 = time.perf_counter()
-    side.worker.submit(side.eval_ids, cfg.max_completion_length, batch_seed(cfg.seed + 1, 0))
+    side.worker.submit(side.eval_ids, cfg.max_completion_length, batch_seed(cfg.seed + 1, 0), learn=False)
     got = side.worker.reply()
     texts = [side.tokenizer.decode(t, skip_special_tokens=True) for t in got["tokens"]]
     r = side.score(side.eval_tasks, texts)

@@ -6,6 +6,7 @@ import copy
 import torch
 
 from bebop.drafts.base import Draft
+from bebop.drafts.history import HistoryDraft
 from bebop.errors import BebopError
 from bebop.models import DTYPES
 from bebop.models.decoder import Decoder
@@ -24,18 +25,23 @@ def policy_state(model: Decoder) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in model.named_parameters()}
 
 
-def mtp_state(mtp: Draft | None) -> dict[str, torch.Tensor]:
-    """The draft's weights to ship (its vocabulary ids travel in the spec, once)."""
-    return {} if mtp is None else {k: v.detach() for k, v in mtp.state_dict().items() if k != "vocab_ids"}
+def mtp_state(mtp: Draft | HistoryDraft | None) -> dict[str, torch.Tensor]:
+    """The draft's weights to ship (its vocabulary ids travel in the spec, once; a history draft has none)."""
+    if not isinstance(mtp, Draft):
+        return {}
+    return {k: v.detach() for k, v in mtp.state_dict().items() if k != "vocab_ids"}
 
 
 def model_spec(policy: Decoder, mtp: Draft | None, dtype: str) -> dict:
     """What a worker needs to build empty copies of the policy and MTP in `dtype` (plain, picklable data),
-    with the kernels this machine's probe chose for that dtype."""
+    with the kernels this machine's probe chose for that dtype. A history draft travels as its state (its
+    rollouts and calibration), which the worker keeps learning from."""
     attention, linear = probed_kernels(policy, dtype)
+    model = isinstance(mtp, Draft)
     return {"cfg": policy.cfg, "name": policy.name, "eos_ids": list(policy.eos_ids), "attention": attention,
             "linear": linear, "compiled": probed_compiled(policy, dtype), "device": str(policy.embed.weight.device),
-            "mtp": None if mtp is None else {"config": copy.deepcopy(mtp.config), "vocab_ids": mtp.vocab_ids.tolist()}}
+            "mtp": {"config": copy.deepcopy(mtp.config), "vocab_ids": mtp.vocab_ids.tolist()} if model else None,
+            "history": mtp.state() if isinstance(mtp, HistoryDraft) else None}
 
 
 def token_logprobs(logits: torch.Tensor, ids: list[int]) -> list[float]:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import bebop.engine.draft_len as autodraft
+from bebop import io
 from bebop.engine.draft_len import COST_FILE
 from bebop.cli import main
 from bebop.training.data import DEFAULT_MIX
@@ -69,9 +70,26 @@ def test_generate_drafts_from_the_history_of_a_prompt(tmp_path, capsys, monkeypa
     assert "|draft=history|batch=" in (tmp_path / COST_FILE).read_text()
 
 
+def test_rl_drafts_from_the_history_over_epochs_of_a_fixed_prompt_set(tmp_path, monkeypatch):
+    """bebop rl --draft history --num-train-prompts: the same prompt every step, drafted from its earlier
+    rollouts; the run's config and checkpoint say so."""
+    monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
+    out = tmp_path / "run"
+    main(["rl", "--model", "tiny-llama", "--draft", "history", "--task", "arithmetic", "--steps", "2",
+          "--prompts-per-step", "1", "--num-train-prompts", "1", "--num-generations", "2", "--draft-len", "2",
+          "--max-completion-length", "8", "--eval-prompts", "2", "--threads", "2", "--autocast", "off",
+          "--out", str(out)])
+    config = json.loads((out / "config.json").read_text())
+    assert config["draft"] == "history" and config["num_train_prompts"] == 1
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and rows[-1]["drafted_tokens"] > 0
+    history = io.load_checkpoint(out / "ckpt").state["history"]
+    assert len(history["prompts"]) == 1  # the one training prompt; the held-out ones are not learnt from
+
+
 def test_a_draft_model_command_refuses_the_history_draft(tmp_path, capsys):
     err = run_error(capsys, ["export", "--model", "tiny-llama", "--draft", "history", "--out", str(tmp_path / "x")])
-    assert "--draft history drafts in generate, bench and check-exactness only" in err
+    assert "--draft history drafts in generate, bench, check-exactness and rl only" in err
 
 
 def test_bench_json(tmp_path, capsys):

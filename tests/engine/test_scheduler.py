@@ -46,7 +46,7 @@ def test_samples_of_one_prompt_share_one_prefill(warm, monkeypatch):
     kw = dict(params=SamplingParams(), mode="spec", draft=mtp, draft_len=2, eos_ids=[])
     alone = [generate(model, [p], 6, seed=[s], **kw).rollouts[0].tokens for p, s in zip(prompts, seeds)]
     widths, forward = [], model.forward
-    monkeypatch.setattr(model, "forward", lambda tokens, cache: widths.append(tokens.shape[1]) or forward(tokens, cache))
+    monkeypatch.setattr(model, "forward", lambda tokens, cache, **kw: widths.append(tokens.shape[1]) or forward(tokens, cache, **kw))
     gen = generate(model, prompts, 6, seed=seeds, max_batch=2, **kw)
     assert sorted(w for w in widths if w > 3) == sorted([len(a), len(b)])  # one prefill per distinct prompt
     assert [r.tokens for r in gen.rollouts] == alone
@@ -63,8 +63,8 @@ def test_waiting_prompts_are_prefilled_a_batch_at_a_time(warm, mode, monkeypatch
     alone = [generate(model, [p], 12, seed=[i], **kw).rollouts[0].tokens for i, p in enumerate(prompts)]
     assert len({len(t) for t in alone}) > 2  # rows really finish at different steps
     prefills, forward = [], model.forward
-    monkeypatch.setattr(model, "forward", lambda tokens, cache: (
-        prefills.append(tokens.shape[0]) if tokens.shape[1] > 3 else None) or forward(tokens, cache))
+    monkeypatch.setattr(model, "forward", lambda tokens, cache, **kw: (
+        prefills.append(tokens.shape[0]) if tokens.shape[1] > 3 else None) or forward(tokens, cache, **kw))
     gen = generate(model, prompts, 12, seed=list(range(10)), max_batch=4, **kw)
     assert [r.tokens for r in gen.rollouts] == alone
     assert len(prefills) <= 3 and sum(prefills) == 10, prefills  # 4 + 4 + 2, not one forward per admission

@@ -5,6 +5,8 @@ import json
 import pytest
 import torch
 
+from bebop import io
+from bebop.drafts.history import HistoryDraft
 from bebop.errors import BebopError
 from bebop.models.registry import load_model
 from bebop.drafts.mtp import new_mtp
@@ -22,10 +24,10 @@ def small(**kw):
     return RLConfig(**{**base, **kw})
 
 
-def run(cfg, out, resume=False):
+def run(cfg, out, resume=False, train=TRAIN):
     policy, tok = load_model(cfg.model, dtype="float32")
-    mtp = new_mtp(policy, seed=1) if cfg.rollout != "ar" else None
-    rows = run_rl(cfg, out, policy, tok, TRAIN, EVAL, mtp, resume=resume, progress=False)
+    mtp = None if cfg.rollout == "ar" else HistoryDraft() if cfg.draft == "history" else new_mtp(policy, seed=1)
+    rows = run_rl(cfg, out, policy, tok, train, EVAL, mtp, resume=resume, progress=False)
     return policy, rows
 
 
@@ -64,6 +66,32 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert steps == [1, 2]
 
 
+HISTORY = dict(draft="history", num_train_prompts=2)  # two training prompts taken in turn: an epoch a step
+
+
+@pytest.mark.parametrize("async_mode", ["off", "one-step"])
+def test_a_history_draft_learns_over_epochs_and_is_checkpointed(tmp_path, async_mode):
+    """--draft history: the worker's history (here or in its own process) learns from every training batch,
+    later steps draft from it, and the checkpoint holds it, the held-out prompts apart (never learnt from)."""
+    _, rows = run(small(steps=3, async_mode=async_mode, **HISTORY), tmp_path / "run", train=TRAIN[:2])
+    assert rows[0]["drafted_tokens"] < rows[-1]["drafted_tokens"]  # the earlier epochs' rollouts drafted too
+    saved = HistoryDraft.from_state(io.load_checkpoint(tmp_path / "run" / "ckpt").state["history"])
+    assert len(saved.prompts) == 2 and all(h.size > 0 for h in saved.prompts.values())
+    assert saved.calibration.counts  # the drafts' outcomes calibrated it
+
+
+def test_a_history_draft_resumes_as_if_uninterrupted(tmp_path):
+    """A resumed run samples what the uninterrupted one did: with a fixed draft length the drafts, and so the
+    samples, follow from the history and the seeds alone, and the history came back from the checkpoint."""
+    full, rows = run(small(steps=3, **HISTORY), tmp_path / "full", train=TRAIN[:2])
+    run(small(steps=2, **HISTORY), tmp_path / "part", train=TRAIN[:2])  # (its last step evaluates: not learnt)
+    resumed, rows2 = run(small(steps=3, **HISTORY), tmp_path / "part", resume=True, train=TRAIN[:2])
+    assert [r["step"] for r in rows2] == [3]
+    assert rows2[0]["reward_mean"] == rows[-1]["reward_mean"] and rows2[0]["acceptance_rate"] == rows[-1]["acceptance_rate"]
+    for (k, a), b in zip(full.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
 def test_resume_refuses_changed_settings(tmp_path):
     run(small(steps=1, rollout="ar"), tmp_path / "a")
     with pytest.raises(BebopError, match="settings differ.*learning_rate"):
@@ -95,6 +123,10 @@ def test_a_run_saved_before_the_draft_fields_were_renamed_resumes(tmp_path):
     (dict(draft_len="3"), "--draft-len must be an integer or 'auto'"),
     (dict(draft_len="auto", max_draft_len=0), "--max-draft-len must be >= 1"),
     (dict(draft_len="auto", rollout_backend="vllm"), "--rollout-backend vllm needs a fixed --draft-len"),
+    (dict(draft="history", rollout_backend="vllm", draft_len=2), "--draft history drafts in bebop's engine only"),
+    (dict(draft="history", draft_strategy="online-kl"), "--draft history has no weights to train"),
+    (dict(draft="history", ray="local", rollout_workers=2), "--draft history needs one rollout worker"),
+    (dict(num_train_prompts=-1), "--num-train-prompts must be >= 0"),
 ])
 def test_bad_options(change, message):
     with pytest.raises(BebopError, match=message):

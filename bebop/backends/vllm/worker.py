@@ -146,6 +146,9 @@ class VllmRolloutWorker:
             self.draft = {k: v.clone() for k, v in mtp.items()}
         self.version = version
 
+    def draft_state(self) -> None:
+        return None  # vLLM's drafts are models, whose weights the trainer holds
+
     def probe(self, ids: list[int]) -> dict:
         """Step 4's evidence: log p(ids[t] | ids[:t]) at temperature 1 as vLLM computes it, and the draft
         check (None without a draft)."""
@@ -179,7 +182,7 @@ class VllmRolloutWorker:
         return {"tokens": tokens, "logprobs": logprobs, "entropies": None, "stats": stats.summary(), "version": self.version,
                 "rollout_s": time.perf_counter() - t0}
 
-    def submit(self, prompts: list[list[int]], max_new_tokens: int, seed: int | list[int]) -> None:
+    def submit(self, prompts: list[list[int]], max_new_tokens: int, seed: int | list[int], learn: bool = True) -> None:
         self._pending = self.generate(prompts, max_new_tokens, seed)
 
     def reply(self) -> dict:

@@ -19,9 +19,10 @@ class RolloutWorker(Protocol):
         (bebop.rl.sync.policy_state), `mtp` the draft's (mtp_state; empty: the draft stays as it is).
         `version` is the policy step these weights are, reported back with each batch."""
 
-    def submit(self, prompts: list[list[int]], max_new_tokens: int, seed: int | list[int]) -> None:
+    def submit(self, prompts: list[list[int]], max_new_tokens: int, seed: int | list[int], learn: bool = True) -> None:
         """Ask for one completion per prompt (token ids). `seed`: the batch's (row b draws from a seed derived
-        from it and b) or one per row."""
+        from it and b) or one per row. `learn`: whether a history draft learns from this batch (not from the
+        held-out evaluation: what the run drafts then depends on its training batches alone)."""
 
     def reply(self) -> dict:
         """The batch last submitted: {"tokens": [[int]] per row, "logprobs": [[float]] per row (log p of each
@@ -33,6 +34,10 @@ class RolloutWorker(Protocol):
     def probe(self, ids: list[int]) -> dict | list[dict]:
         """{"logprobs": [float] of len(ids) - 1, log p(ids[t] | ids[:t]) at temperature 1 with the weights loaded,
         "draft_error": the draft's relative error against the weights sent, or None}; Ray: one per actor."""
+
+    def draft_state(self) -> dict | None:
+        """A history draft's state (bebop.drafts.history.HistoryDraft.state: the rollouts it learnt from, its
+        calibration), for the run's checkpoint; None for a draft model, whose weights the trainer holds."""
 
     def close(self) -> None:
         """Release the worker (its process, actors or engine)."""

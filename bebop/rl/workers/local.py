@@ -7,6 +7,8 @@ import time
 import torch
 
 from bebop.backends.vllm.worker import VllmRolloutWorker
+from bebop.drafts.base import Draft
+from bebop.drafts.history import HistoryDraft
 from bebop.drafts.registry import build_draft
 from bebop.engine.generation import generate
 from bebop.models import DTYPES
@@ -26,7 +28,9 @@ class LocalWorker:
         self.model.attention, self.model.linear = spec["attention"], spec["linear"]
         self.model.compiled = spec.get("compiled", False)
         self.mtp = None
-        if spec["mtp"] is not None:
+        if spec.get("history") is not None:  # a history draft: it learns from this worker's rollouts
+            self.mtp = HistoryDraft.from_state(spec["history"])
+        elif spec["mtp"] is not None:
             self.mtp = build_draft(self.model, copy.deepcopy(spec["mtp"]["config"])).to(spec["device"], DTYPES[dtype])
             self.mtp.requires_grad_(False).eval()
             ids = spec["mtp"]["vocab_ids"]
@@ -41,7 +45,7 @@ class LocalWorker:
         own = dict(self.model.named_parameters())
         for k, v in policy.items():
             own[k].copy_(v)
-        if self.mtp is not None:
+        if isinstance(self.mtp, Draft):
             own = self.mtp.state_dict()
             for k, v in mtp.items():
                 own[k].copy_(v)
@@ -55,16 +59,22 @@ class LocalWorker:
         logits = self.model.logits(self.model.forward_full(torch.tensor([ids], device=self.model.embed.weight.device)))
         return {"logprobs": token_logprobs(logits[0], ids), "draft_error": None}  # the draft's weights are copies
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, seed: int | list[int]) -> dict:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, seed: int | list[int], learn: bool = True) -> dict:
         t0 = time.perf_counter()
+        if isinstance(self.mtp, HistoryDraft):
+            self.mtp.learn = learn
         g = generate(self.model, prompts, max_new_tokens, self.params, mode=self.rollout, draft=self.mtp,
                      draft_len=self.draft_len, max_draft_len=self.max_draft_len, seed=seed)
         return {"tokens": [r.tokens for r in g.rollouts], "logprobs": [r.logprobs for r in g.rollouts],
                 "entropies": [r.entropies for r in g.rollouts], "stats": g.stats.summary(),
                 "version": self.version, "rollout_s": time.perf_counter() - t0}
 
-    def submit(self, prompts: list[list[int]], max_new_tokens: int, seed: int | list[int]) -> None:
-        self._pending = self.generate(prompts, max_new_tokens, seed)
+    def draft_state(self) -> dict | None:
+        """A history draft's state (its rollouts and calibration, for the run's checkpoint), else None."""
+        return self.mtp.state() if isinstance(self.mtp, HistoryDraft) else None
+
+    def submit(self, prompts: list[list[int]], max_new_tokens: int, seed: int | list[int], learn: bool = True) -> None:
+        self._pending = self.generate(prompts, max_new_tokens, seed, learn)
 
     def reply(self) -> dict:
         out, self._pending = self._pending, None

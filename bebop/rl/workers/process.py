@@ -49,6 +49,8 @@ def worker_main(spec, dtype, rollout, draft_len, max_draft_len, temperature, thr
                 outbox.put({"loaded": version, "load_s": time.perf_counter() - t0})
             elif kind == "probe":
                 outbox.put(worker.probe(arg))
+            elif kind == "draft_state":
+                outbox.put({"draft_state": worker.draft_state()})
             elif kind == "generate":
                 worker.submit(**arg)
                 outbox.put(worker.reply())
@@ -103,12 +105,17 @@ class WorkerProcess:
         self.inbox.put(("load", (version, bool(mtp))))
         self.reply()
 
-    def submit(self, prompts, max_new_tokens, seed) -> None:
-        self.inbox.put(("generate", {"prompts": prompts, "max_new_tokens": max_new_tokens, "seed": seed}))
+    def submit(self, prompts, max_new_tokens, seed, learn: bool = True) -> None:
+        self.inbox.put(("generate", {"prompts": prompts, "max_new_tokens": max_new_tokens, "seed": seed,
+                                     "learn": learn}))
 
     def probe(self, ids: list[int]) -> dict:
         self.inbox.put(("probe", ids))
         return self.reply()
+
+    def draft_state(self) -> dict | None:
+        self.inbox.put(("draft_state", None))
+        return self.reply()["draft_state"]
 
     def close(self) -> None:
         if self.proc.is_alive():

@@ -41,12 +41,15 @@ class RolloutActor:
     def load_weights(self, weights: dict, version: int) -> None:
         self.worker.load_weights(weights["policy"], weights["mtp"], version)
 
-    def generate(self, prompts, max_new_tokens, seeds) -> dict:
-        self.worker.submit(prompts, max_new_tokens, seeds)
+    def generate(self, prompts, max_new_tokens, seeds, learn=True) -> dict:
+        self.worker.submit(prompts, max_new_tokens, seeds, learn)
         return self.worker.reply()
 
     def probe(self, ids) -> dict:
         return self.worker.probe(ids)
+
+    def draft_state(self) -> dict | None:
+        return self.worker.draft_state()
 
     def pid(self) -> int:
         return os.getpid()
@@ -156,10 +159,11 @@ class RayWorkers:
         self.weights = (self.ray.put(weights), version)  # one object for every actor
         self._call_all("load_weights", *self.weights)
 
-    def submit(self, prompts: list[list[int]], max_new_tokens: int, seed: int) -> None:
+    def submit(self, prompts: list[list[int]], max_new_tokens: int, seed: int, learn: bool = True) -> None:
         seeds = row_seeds(seed, len(prompts))
         cuts = [len(prompts) * i // self.n for i in range(self.n + 1)]
-        self.pending = (time.perf_counter(), [(prompts[a:b], max_new_tokens, seeds[a:b]) for a, b in zip(cuts, cuts[1:])])
+        self.pending = (time.perf_counter(), [(prompts[a:b], max_new_tokens, seeds[a:b], learn)
+                                              for a, b in zip(cuts, cuts[1:])])
         self.futures = [(i, a.generate.remote(*shard)) for i, (a, shard) in enumerate(zip(self.actors, self.pending[1]))
                         if shard[0]]
 
@@ -174,6 +178,10 @@ class RayWorkers:
 
     def probe(self, ids: list[int]) -> list[dict]:
         return self._call_all("probe", ids)
+
+    def draft_state(self) -> dict | None:
+        """The first actor's (a history draft runs on one actor: RLConfig.validate)."""
+        return self._get(0, "draft_state")
 
     def close(self) -> None:
         for actor in getattr(self, "actors", []):
