@@ -6,7 +6,7 @@ CPU without avx512bw/vl/dq or avx_ne_convert ("bf16 path needs the cpu support .
 run there, emulated and slowly. So the probe (bebop.models.tuning) offers a kernel only where these queries say
 it can run, its cache key carries `capability()`, and every speed figure is printed next to `describe()`.
 Tests pretend a poorer CPU by replacing `packs_bf16_linears` / `native_bf16` / `amx_bf16_linears` /
-`onednn_bf16_linears` / `vllm_cpu_attention` (callers look them up here at call time).
+`onednn_linears` / `vllm_cpu_attention` (callers look them up here at call time).
 """
 
 import functools
@@ -56,22 +56,38 @@ def amx() -> bool:
     return bool(torch.cpu._is_amx_tile_supported())
 
 
+# vLLM's CPU wheel builds its kernel library three times, for what the CPU runs: it loads the first whose
+# needs this CPU meets (vllm.platforms.cpu's import_kernels). Here "AVX512"/"AVX2" is torch's capability()
+# (which follows ATEN_CPU_CAPABILITY, so a CPU told to run AVX2 code gets the AVX2 build); only "_C" has the
+# AMX bf16 GEMM.
+VLLM_LIBRARIES = (("_C", "AVX512", True), ("_C_AVX512", "AVX512", False), ("_C_AVX2", "AVX2", False))
+
+
+@functools.cache
+def vllm_library() -> str | None:
+    """Which build of vLLM's CPU kernel library (VLLM_LIBRARIES) fits this CPU: "_C" needs AVX-512 with
+    native bf16 (avx512_bf16, and oneDNN allowed to use it: `ONEDNN_MAX_CPU_ISA=AVX2` forbids it), "_C_AVX512"
+    AVX-512, "_C_AVX2" AVX2; None on other CPUs."""
+    bf16 = torch.cpu._is_avx512_bf16_supported() and native_bf16()
+    return next((name for name, isa, needs_bf16 in VLLM_LIBRARIES
+                 if capability() == isa and (bf16 or not needs_bf16)), None)
+
+
 @functools.cache
 def vllm_cpu_ops() -> bool:
     """Whether vLLM's CPU kernels are loaded (`torch.ops._C`, from the `vllm-cpu` package, the `bebop-rl[vllm]`
-    extra): its AMX bf16 GEMM, SGLang's `weight_packed_linear`, is what vLLM multiplies with on this kind of
-    CPU. Only the kernel library is loaded (milliseconds), not vLLM's Python package; only the build for CPUs
-    with avx512_bf16 (vLLM's `_C`) has that kernel. False where vLLM is absent or its library does not load, and
-    where oneDNN may not use bf16 (native_bf16: `ONEDNN_MAX_CPU_ISA=AVX2` caps it, and vLLM's oneDNN matmul then
-    refuses to build), as on a CPU without avx512_bf16."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or spec.origin is None or not torch.cpu._is_avx512_bf16_supported() or not native_bf16():
+    extra), in the build for this CPU (vllm_library): its oneDNN matmul, its attention over a paged cache, its
+    RMS norm, and with avx512_bf16 its AMX bf16 GEMM (SGLang's `weight_packed_linear`). Only the kernel
+    library is loaded (milliseconds), not vLLM's Python package. False where vLLM is absent, no build fits
+    this CPU, or the library does not load."""
+    spec, library = importlib.util.find_spec("vllm"), vllm_library()
+    if spec is None or spec.origin is None or library is None:
         return False
     try:
-        torch.ops.load_library(str(Path(spec.origin).parent / "_C.abi3.so"))
+        torch.ops.load_library(str(Path(spec.origin).parent / f"{library}.abi3.so"))
     except (OSError, RuntimeError):  # another torch's build, or a vLLM without CPU kernels
         return False
-    return hasattr(torch.ops._C, "weight_packed_linear") and hasattr(torch.ops._C, "convert_weight_packed")
+    return hasattr(torch.ops._C, "rms_norm")
 
 
 @functools.cache
@@ -86,13 +102,15 @@ def vllm_cpu_attention() -> bool:
 def amx_bf16_linears() -> bool:
     """Whether the AMX bf16 linear (vLLM's `weight_packed_linear`) can run here: AMX tiles and vLLM's CPU
     kernels."""
-    return amx() and vllm_cpu_ops()
+    return amx() and vllm_cpu_ops() and hasattr(torch.ops._C, "weight_packed_linear") \
+        and hasattr(torch.ops._C, "convert_weight_packed")
 
 
 @functools.cache
-def onednn_bf16_linears() -> bool:
+def onednn_linears() -> bool:
     """Whether vLLM's oneDNN matmul (`create_onednn_mm_handler` / `onednn_mm`, what vLLM multiplies its dense
-    bf16 projections with on x86 CPUs) is loaded (vllm_cpu_ops): it needs avx512_bf16, not AMX."""
+    projections with on x86 CPUs) is loaded (vllm_cpu_ops): every build has it; it multiplies bf16 only where
+    oneDNN computes bf16 natively (native_bf16), fp32 everywhere."""
     return vllm_cpu_ops() and all(hasattr(torch.ops._C, op) for op in (
         "create_onednn_mm_handler", "onednn_mm", "release_dnnl_matmul_handler"))
 

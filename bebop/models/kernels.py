@@ -1,7 +1,7 @@
 """The kernels a decoder layer multiplies and attends with, and the choice between them.
 
 Linear layers: `Linear` keeps a copy of its weight in a faster kernel's layout (LINEAR_KINDS: torch's oneDNN
-packed linear, vLLM's AMX and oneDNN bf16 matmuls), or a kernel per row count (linear_rows); which run here is
+packed linear, vLLM's AMX bf16 and oneDNN matmuls), or a kernel per row count (linear_rows); which run here is
 asked of bebop.models.cpu. Attention over a plain KV cache: one of ATTENTION per phase (one new token, several);
 over a paged cache (PAGED): vLLM's CPU attention (PagedStep, paged_attention_op). bebop.models.tuning times
 them and picks per machine.
@@ -34,8 +34,10 @@ def amx_weights(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 def onednn_weights(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether vLLM's oneDNN bf16 matmul (bebop.models.cpu.onednn_bf16_linears) can run here."""
-    return device.type == "cpu" and dtype == torch.bfloat16 and cpu.onednn_bf16_linears()
+    """Whether vLLM's oneDNN matmul (bebop.models.cpu.onednn_linears) can run here: fp32, or bf16 where oneDNN
+    computes bf16 natively (its handler refuses to build elsewhere)."""
+    return device.type == "cpu" and cpu.onednn_linears() and (
+        dtype == torch.float32 or (dtype == torch.bfloat16 and cpu.native_bf16()))
 
 
 if hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):  # looked up once: resolving torch.ops attributes costs
@@ -215,10 +217,11 @@ PAGED_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # what vL
 
 
 def paged_runs(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
-    """Whether vLLM's CPU attention over a paged cache can run here: bf16 on a CPU where vLLM's kernels are
-    loaded (bebop.models.cpu.vllm_cpu_attention), for a head size it supports."""
-    return device.type == "cpu" and dtype == torch.bfloat16 and head_dim in PAGED_HEAD_DIMS \
-        and cpu.vllm_cpu_attention()
+    """Whether vLLM's CPU attention over a paged cache can run here: on a CPU where vLLM's kernels are loaded
+    (bebop.models.cpu.vllm_cpu_attention), fp32, or bf16 where the CPU computes it natively, for a head size
+    it supports."""
+    return device.type == "cpu" and head_dim in PAGED_HEAD_DIMS and cpu.vllm_cpu_attention() and (
+        dtype == torch.float32 or (dtype == torch.bfloat16 and cpu.native_bf16()))
 
 
 @dataclass

@@ -27,7 +27,7 @@ from bebop.models import DTYPES, cpu
 from bebop.models.decoder import Decoder
 from bebop.models.kernels import ATTENTION_KINDS, PAGED, amx_weights, onednn_weights, packs_weights, paged_runs
 
-CACHE_FILE = "dtype-probe-v7.json"  # the version grows whenever the answer's fields or meaning change
+CACHE_FILE = "dtype-probe-v8.json"  # the version grows whenever the answer's fields or meaning change
 # (batch, new tokens per row) timed: plain decoding alone and batched, and a K=3 verification step; batch 16 is
 # the smallest batch RL rollouts run at
 SHAPES = ((1, 1), (16, 1), (16, 4))

@@ -111,19 +111,21 @@ def test_spec_on_the_compiled_step_matches_exact_distribution_and_ar(sharp):
     assert_exact_and_like_ar(model, gen, exact, ar, "compiled spec")
 
 
-@pytest.mark.parametrize("kind", ["packed", "amx", "onednn", f"onednn:{ROWS},amx"])
-def test_spec_on_fast_bf16_linears_matches_ar(sharp, kind):
-    """bf16 weights multiplied by a fast kernel (what --dtype auto picks on machines with native bf16: oneDNN's
-    packed layout, vLLM's AMX GEMM or its oneDNN matmul, or a kernel per row count): speculative sampling is
+@pytest.mark.parametrize("kind,dtype", [(kind, torch.bfloat16) for kind in ("packed", "amx", "onednn", f"onednn:{ROWS},amx")]
+                         + [(kind, torch.float32) for kind in ("packed", "onednn")])  # (amx: bf16 only)
+def test_spec_on_fast_linears_matches_ar(sharp, kind, dtype):
+    """Weights multiplied by a fast kernel (what --dtype auto picks: oneDNN's packed layout, vLLM's AMX GEMM or
+    its oneDNN matmul, or a kernel per row count; bf16 on machines with native bf16, fp32 on any with the
+    kernel, as on an AVX2-only CPU): speculative sampling is
     plain sampling on the same kernels, tokens and pairs. With a kernel per row count, onednn computes the
     prefill, the plain decoding steps and the drafts (up to 3,000 rows) and amx the verification (9,000):
     plain and speculative sampling then read the target's distributions from different kernels."""
     from bebop.models.kernels import amx_weights, linear_rows, onednn_weights, packs_weights
 
     runs = {"packed": packs_weights, "amx": amx_weights, "onednn": onednn_weights}
-    if not all(runs[k](torch.bfloat16, torch.device("cpu")) for _, k in linear_rows(kind)):
-        pytest.skip(f"this CPU ({cpu.describe()}) cannot run {kind} bf16 linears")
-    model = copy.deepcopy(sharp[0]).to(torch.bfloat16)
+    if not all(runs[k](dtype, torch.device("cpu")) for _, k in linear_rows(kind)):
+        pytest.skip(f"this CPU ({cpu.describe()}) cannot run {kind} {dtype} linears")
+    model = copy.deepcopy(sharp[0]).to(dtype)
     model.linear = kind
     mtp, prompt = agreeable_mtp(model), sharp[2]
     ar = generate(model, [prompt] * ROWS, 3, SHARP, mode="ar", seed=21, eos_ids=[])
@@ -137,16 +139,17 @@ def test_spec_on_fast_bf16_linears_matches_ar(sharp, kind):
     assert two_sample(pairs(toks), pairs(ref)) > P_OK, f"{kind} tokens (1, 2) vs ar"
 
 
-def test_spec_on_paged_attention_matches_ar(vllm_model_dir):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_spec_on_paged_attention_matches_ar(vllm_model_dir, dtype):
     """vLLM's CPU attention over a paged cache (what --dtype auto picks where it is loaded and faster): on a
-    sharpened bf16 model with a head size it supports, speculative sampling equals plain sampling on it, and
+    sharpened model (bf16 or fp32) with a head size it supports, speculative sampling equals plain sampling on it, and
     plain sampling on it equals plain sampling with SDPA over the usual cache (tokens and pairs)."""
     from bebop.models.kernels import paged_runs
     from bebop.models.registry import load_model
 
-    base, tok = load_model(vllm_model_dir, dtype="bfloat16")
-    if not paged_runs(torch.bfloat16, torch.device("cpu"), base.cfg.head_dim):
-        pytest.skip(f"vLLM's CPU attention does not run on this CPU ({cpu.describe()})")
+    base, tok = load_model(vllm_model_dir, dtype=dtype)
+    if not paged_runs(base.embed.weight.dtype, torch.device("cpu"), base.cfg.head_dim):
+        pytest.skip(f"vLLM's CPU attention does not run {dtype} on this CPU ({cpu.describe()})")
     model = sharpened(base, 8.0)
     model.linear = "plain"
     prompt = tok("Hi!", add_special_tokens=False)["input_ids"]

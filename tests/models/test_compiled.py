@@ -72,6 +72,26 @@ def test_compiled_forward_with_this_cpus_bf16_kernels_is_as_close_to_fp32_as_eag
                 assert err_comp < 2 * err_eager + 0.02, (attention, kind, float(err_comp), float(err_eager))
 
 
+def test_compiled_forward_with_vllms_fp32_kernels_equals_eager(vllm_model_dir):
+    """fp32 over vLLM's paged attention and oneDNN matmul (what the probe may choose on an AVX2-only CPU, where
+    vLLM's AVX2 build loads): the compiled step computes the eager one's distributions, to float rounding, and
+    reads the matmul's copies of weights changed in place."""
+    from bebop.models.registry import load_model
+
+    model, _ = load_model(vllm_model_dir, dtype="float32")
+    cpu_dev = torch.device("cpu")
+    if not (paged_runs(torch.float32, cpu_dev, model.cfg.head_dim) and "onednn" in linear_kinds(torch.float32, cpu_dev)):
+        pytest.skip(f"vLLM's fp32 kernels are not loaded on this CPU ({cpu.describe()})")
+    model.attention, model.linear = (PAGED, PAGED), "onednn"
+    for changed in (False, True):  # then compiled first, its 5-token prefill too: eager would rebuild the copies
+        eager, comp = distributions(model, batch=16, compiled_first=changed, lengths=(5,) if changed else (5, 9, 7))
+        for e, c in zip(eager, comp):
+            assert (e - c).abs().sum(-1).max() < 1e-4
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1.5)  # stale copies would sit far from eager
+
+
 def test_compiled_forward_equals_eager_on_smollm2_paged(smollm2):
     """The default model in bf16 over vLLM's paged attention and fast linears, 16 rows: where issue 23's
     wrong result showed in a standalone script."""

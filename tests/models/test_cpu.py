@@ -8,10 +8,12 @@ import subprocess
 import sys
 
 AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-ASK = ("import json; from bebop.models import cpu; print(json.dumps(dict(capability=cpu.capability(), "
-       "native_bf16=cpu.native_bf16(), packs=cpu.packs_bf16_linears(), vllm_ops=cpu.vllm_cpu_ops(), "
-       "onednn=cpu.onednn_bf16_linears(), amx=cpu.amx_bf16_linears(), attention=cpu.vllm_cpu_attention(), "
-       "describe=cpu.describe())))")
+ASK = ("import json, torch; from bebop.models import cpu, kernels; f32, bf16, here = torch.float32, torch.bfloat16, "
+       "torch.device('cpu'); print(json.dumps(dict(capability=cpu.capability(), native_bf16=cpu.native_bf16(), "
+       "packs=cpu.packs_bf16_linears(), library=cpu.vllm_library(), vllm_ops=cpu.vllm_cpu_ops(), "
+       "amx=cpu.amx_bf16_linears(), onednn_fp32=kernels.onednn_weights(f32, here), "
+       "onednn_bf16=kernels.onednn_weights(bf16, here), paged_fp32=kernels.paged_runs(f32, here, 64), "
+       "paged_bf16=kernels.paged_runs(bf16, here, 64), describe=cpu.describe())))")
 
 
 def answers(env: dict) -> dict:
@@ -21,8 +23,11 @@ def answers(env: dict) -> dict:
 
 
 def test_the_avx2_variables_make_every_query_answer_as_on_an_avx2_cpu():
+    """No bf16 kernel is offered, and vLLM's kernels come from its AVX2 build (vLLM is installed with the tests),
+    whose fp32 matmul and attention are offered."""
     got = answers(AVX2_ONLY)
     assert got["capability"] == "AVX2", got
-    assert not any(got[k] for k in ("native_bf16", "packs", "vllm_ops", "onednn", "amx", "attention")), got
+    assert not any(got[k] for k in ("native_bf16", "packs", "amx", "onednn_bf16", "paged_bf16")), got
+    assert got["library"] == "_C_AVX2", got
+    assert got["vllm_ops"] and got["onednn_fp32"] and got["paged_fp32"], got
     assert "bf16 emulated" in got["describe"], got
-

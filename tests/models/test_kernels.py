@@ -60,7 +60,7 @@ def test_a_fast_linear_computes_what_f_linear_does(load_models, kind):
                     f"{cpu.vllm_cpu_ops()})")
     _, model, _ = load_models("tiny-llama")
     model = copy.deepcopy(model).to(torch.bfloat16)
-    if "packed" not in kinds:  # (oneDNN packs fp32 weights too: test_packed_fp32_linears_compute_what_f_linear_does)
+    if "amx" in kinds:  # (packed and onednn multiply fp32 too: test_fast_fp32_linears_compute_what_f_linear_does)
         assert not runs_here(torch.float32, torch.device("cpu"))
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.cfg.vocab_size, (3, 11), generator=g)
@@ -103,12 +103,15 @@ def test_a_fast_linear_computes_what_f_linear_does(load_models, kind):
     assert x.grad is not None
 
 
-def test_packed_fp32_linears_compute_what_f_linear_does(load_models):
-    """fp32 weights in oneDNN's packed layout (what the dtype probe may pick on an AVX2-only CPU): the logits of
-    decode steps and a prefill agree with F.linear's to float rounding, from the packed copies, rebuilt after an
-    in-place update (an optimiser step or weight sync)."""
-    if not packs_weights(torch.float32, torch.device("cpu")):
-        pytest.skip("this torch has no oneDNN packed linear")
+@pytest.mark.parametrize("kind", ["packed", "onednn"])
+def test_fast_fp32_linears_compute_what_f_linear_does(load_models, kind):
+    """fp32 weights in oneDNN's layout, torch's packed linear or vLLM's oneDNN matmul (what the dtype probe may
+    pick on an AVX2-only CPU): the logits of decode steps and a prefill agree with F.linear's to float rounding,
+    from the fast copies, rebuilt after an in-place update (an optimiser step or weight sync)."""
+    runs = {"packed": packs_weights, "onednn": onednn_weights}[kind]
+    if not runs(torch.float32, torch.device("cpu")):
+        pytest.skip(f"this CPU ({cpu.describe()}) cannot run {kind} fp32 linears (vLLM's kernels loaded: "
+                    f"{cpu.vllm_cpu_ops()})")
     _, model, _ = load_models("tiny-llama")
     model = copy.deepcopy(model)
     g = torch.Generator().manual_seed(0)
@@ -127,9 +130,9 @@ def test_packed_fp32_linears_compute_what_f_linear_does(load_models):
                 model.layers[0].w13.weight.mul_(2)
         model.linear = "plain"
         plain = run()
-        model.linear = "packed"
+        model.linear = kind
         packed = run()
-        assert "packed" in model.layers[0].w13.__dict__["_packed"]
+        assert kind in model.layers[0].w13.__dict__["_packed"]
         for a, b in zip(packed, plain):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)  # (after the update, a stale copy would not)
 
@@ -142,17 +145,20 @@ def test_a_linear_kind_per_row_count_is_parsed_and_checked():
             linear_rows(bad)
 
 
-def test_paged_attention_computes_what_sdpa_does(vllm_model_dir):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_paged_attention_computes_what_sdpa_does(vllm_model_dir, dtype):
     """vLLM's CPU attention over a paged cache (attention kind "paged"): logits as close to an fp32 SDPA
-    reference as bf16 SDPA's own, over a prefill, ragged rows, decode and verification steps, rows moved by
-    keep_rows and rows copied in by write_rows (continuous batching); its cache is paged, the others' not."""
-    bf16, _ = registry.load_model(vllm_model_dir, dtype="bfloat16")
-    if not paged_runs(torch.bfloat16, torch.device("cpu"), bf16.cfg.head_dim):
-        pytest.skip(f"vLLM's CPU attention does not run on this CPU ({cpu.describe()})")
-    bf16.linear = "plain"
-    fp32 = copy.deepcopy(bf16).float()
+    reference as SDPA's own in the same dtype (fp32: to float rounding), over a prefill, ragged rows, decode and
+    verification steps, rows moved by keep_rows and rows copied in by write_rows (continuous batching); its
+    cache is paged, the others' not."""
+    model, _ = registry.load_model(vllm_model_dir, dtype="bfloat16")
+    if not paged_runs(dtype, torch.device("cpu"), model.cfg.head_dim):
+        pytest.skip(f"vLLM's CPU attention does not run {dtype} on this CPU ({cpu.describe()})")
+    model.linear = "plain"
+    fp32 = copy.deepcopy(model).float()
+    model = model.to(dtype)
     g = torch.Generator().manual_seed(0)
-    V = bf16.cfg.vocab_size
+    V = model.cfg.vocab_size
     prompt = torch.randint(0, V, (3, 37), generator=g)
     steps = [torch.randint(0, V, (3, t), generator=g) for t in (1, 4, 1, 12)]
     extra = torch.randint(0, V, (1, 9), generator=g)
@@ -176,8 +182,8 @@ def test_paged_attention_computes_what_sdpa_does(vllm_model_dir):
         return out
 
     ref = run(fp32, ("sdpa", "sdpa"))
-    paged, sdpa = run(bf16, ("paged", "paged")), run(bf16, ("sdpa", "sdpa"))
+    paged, sdpa = run(model, ("paged", "paged")), run(model, ("sdpa", "sdpa"))
     for p, s_, r in zip(paged, sdpa, ref):
         err_paged, err_sdpa = (p - r).abs().max().item(), (s_ - r).abs().max().item()
-        assert err_paged <= 2 * err_sdpa + 0.02, (err_paged, err_sdpa)
+        assert err_paged <= 2 * err_sdpa + (0.02 if dtype == torch.bfloat16 else 1e-4), (err_paged, err_sdpa)
     assert PAGE % 32 == 0  # the kernel reads blocks of a multiple of 32 positions

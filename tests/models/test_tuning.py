@@ -18,7 +18,7 @@ def bf16_native(monkeypatch):
     """The decision rule is tested on both dtypes on every machine: bf16 counts as native here (the probe times
     float32 alone where it is not: `avx2_only` below says so, and its test checks that)."""
     for cached in (cpu.packs_bf16_linears, cpu.vllm_cpu_ops, cpu.vllm_cpu_attention, cpu.amx_bf16_linears,
-                   cpu.onednn_bf16_linears):
+                   cpu.onednn_linears):
         cached()  # their cached answers are the CPU's own, not this pretence's: later tests run what they say
     monkeypatch.setattr(cpu, "native_bf16", lambda: True)
 
@@ -82,7 +82,7 @@ def test_probe_picks_a_linear_kind_where_it_is_faster(tiny_llama, kind, factor, 
     The timer is fake, so this CPU is told it packs and has the AMX kernel: the rule is tested on every CPU."""
     monkeypatch.setattr(cpu, "packs_bf16_linears", lambda: True)
     monkeypatch.setattr(cpu, "amx_bf16_linears", lambda: True)
-    monkeypatch.setattr(cpu, "onednn_bf16_linears", lambda: False)
+    monkeypatch.setattr(cpu, "onednn_linears", lambda: False)
     model, _ = tiny_llama
     assert auto_dtype.linear_kinds(torch.bfloat16, torch.device("cpu")) == ("plain", "packed", "amx")
     fp32_packs = hasattr(torch.ops.mkldnn, "_reorder_linear_weight")  # oneDNN packs fp32 on any CPU it runs on
@@ -138,10 +138,11 @@ def test_the_probe_chooses_linears_per_row_count_where_two_fast_kinds_run(tiny_l
     what the probe stores and the loader applies is a kind per row count."""
     monkeypatch.setattr(cpu, "packs_bf16_linears", lambda: False)
     monkeypatch.setattr(cpu, "amx_bf16_linears", lambda: True)
-    monkeypatch.setattr(cpu, "onednn_bf16_linears", lambda: True)
+    monkeypatch.setattr(cpu, "onednn_linears", lambda: True)
     model, _ = tiny_llama
     assert auto_dtype.linear_kinds(torch.bfloat16, torch.device("cpu")) == ("plain", "amx", "onednn")
-    costs = fake_timer(table((1.0, 1.2, 1.2), (1.1, 1.3, 1.3)), linear={"amx": 0.7, "onednn": 0.75})
+    costs = fake_timer(table((1.0, 1.2, 1.2), (1.1, 1.3, 1.3)),  # (vLLM's fp32 oneDNN matmul as fast as plain)
+                       linear={("bfloat16", "amx"): 0.7, ("bfloat16", "onednn"): 0.75})
     rows = rows_timer({"plain": [2.0] * 5, "amx": [1.0] * 5, "onednn": [1.2, 0.8, 1.2, 0.8, 0.8]})
 
     def timer(m, batch, new_tokens):  # the whole-forward probe's shapes, then row_choice's
@@ -234,16 +235,14 @@ AVX2_MESSAGE = ("mkldnn_reorder_linear_weight: bf16 path needs the cpu support a
 
 @pytest.fixture
 def avx2_only(monkeypatch):
-    """Pretend this CPU is an AMD EPYC with AVX2 only: no native bf16, so no packed bf16 linears, no AMX and no
-    vLLM kernel library (what torch's queries answer there). Runs the fallback on every machine, the Intel one with AMX included."""
+    """Pretend this CPU is an AMD EPYC with AVX2 only: no native bf16, so no packed bf16 linears, no AMX, and of
+    vLLM's kernels only the fp32 ones (what torch's queries answer there, and what vLLM's AVX2 build runs). Runs
+    the fallback on every machine, the Intel one with AMX included."""
     monkeypatch.setattr(cpu, "capability", lambda: "AVX2")
     monkeypatch.setattr(cpu, "native_bf16", lambda: False)
     monkeypatch.setattr(cpu, "packs_bf16_linears", lambda: False)
     monkeypatch.setattr(cpu, "amx", lambda: False)
     monkeypatch.setattr(cpu, "amx_bf16_linears", lambda: False)
-    monkeypatch.setattr(cpu, "onednn_bf16_linears", lambda: False)
-    monkeypatch.setattr(cpu, "vllm_cpu_ops", lambda: False)  # vLLM's kernel library needs avx512_bf16
-    monkeypatch.setattr(cpu, "vllm_cpu_attention", lambda: False)
 
 
 def local_model(load_models, folder):
@@ -267,8 +266,10 @@ def test_a_cpu_without_native_bf16_is_probed_for_what_it_runs(avx2_only, load_mo
     assert "no native bf16" in capsys.readouterr().err
     ((key, choice),) = json.loads((tmp_path / "cache" / auto_dtype.CACHE_FILE).read_text()).items()
     assert "[AVX2 (" in key and "bf16 emulated" in key and choice["capability"] == cpu.describe()
-    fp32_kinds = auto_dtype.linear_kinds(torch.float32, torch.device("cpu"))  # plain, and packed where torch has it
-    assert set(choice["ms"]) == {f"float32/{a}/{lin}" for a in auto_dtype.ATTENTION_KINDS for lin in fp32_kinds}
+    fp32_kinds = auto_dtype.linear_kinds(torch.float32, torch.device("cpu"))  # plain, packed where torch has it,
+    # vLLM's oneDNN matmul where vLLM is installed
+    attentions = auto_dtype.attention_kinds(torch.float32, model)
+    assert set(choice["ms"]) == {f"float32/{a}/{lin}" for a in attentions for lin in fp32_kinds}
     assert choice["dtype"] == "float32" and set(choice["linear_for"]) == {"float32"}  # bf16 never timed
     assert choice["linear_for"]["float32"] in fp32_kinds and choice["dropped"] == {}
 
@@ -297,7 +298,7 @@ def test_a_kernel_that_raises_in_the_probe_is_dropped_with_a_note(tiny_llama, mo
 
     monkeypatch.setattr(cpu, "packs_bf16_linears", lambda: True)
     monkeypatch.setattr(cpu, "amx_bf16_linears", lambda: False)  # the packed kind is the one on trial
-    monkeypatch.setattr(cpu, "onednn_bf16_linears", lambda: False)
+    monkeypatch.setattr(cpu, "onednn_linears", lambda: False)
     monkeypatch.setattr(kernels, "reorder_linear_weight", refuse, raising=False)
     model, _ = tiny_llama
     got = auto_dtype.probe(model, shapes=((1, 1), (2, 2)), repeats=1)
