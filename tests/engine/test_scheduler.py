@@ -1,6 +1,6 @@
 """bebop.engine.scheduler: continuous batching. Requests that join rows freed mid-way get the tokens they get alone,
-the samples of one prompt share one prefill, waiting prompts are prefilled a batch at a time, and finished rows are
-dropped by `compaction`."""
+the samples of one prompt share one prefill, waiting prompts are prefilled a batch at a time in groups of like
+lengths, and finished rows are dropped by `compaction`."""
 
 import numpy as np
 import pytest
@@ -68,6 +68,33 @@ def test_waiting_prompts_are_prefilled_a_batch_at_a_time(warm, mode, monkeypatch
     gen = generate(model, prompts, 12, seed=list(range(10)), max_batch=4, **kw)
     assert [r.tokens for r in gen.rollouts] == alone
     assert len(prefills) <= 3 and sum(prefills) == 10, prefills  # 4 + 4 + 2, not one forward per admission
+
+
+def test_prompts_of_unlike_lengths_are_prefilled_in_groups_of_like_lengths(warm, monkeypatch):
+    """Short and long prompts in one batch: prefilled in forwards of similar lengths, whose padding stays within
+    PREFILL_PADDING of the prompts' tokens (one padded forward computed 1.7x its tokens on held-out chat
+    prompts); each request's tokens stay those of running it alone."""
+    from bebop.engine.scheduler import PREFILL_PADDING, length_groups
+
+    model, mtp, tok = warm
+    prompts = [chat_ids(tok, t) for t in ["hi", "ok", "Tell me a long story about " + "a cat and a boat, " * 12,
+                                          "yes", "Explain " + "why the sky is blue and " * 10 + "why."]]
+    lengths = sorted(map(len, prompts))
+    assert lengths[-1] > 2 * lengths[0]
+    kw = dict(params=SamplingParams(), mode="spec", draft=mtp, draft_len=2, eos_ids=[])
+    alone = [generate(model, [p], 6, seed=[i], **kw).rollouts[0].tokens for i, p in enumerate(prompts)]
+    shapes, forward = [], model.forward
+    monkeypatch.setattr(model, "forward", lambda tokens, cache, **kw: (
+        shapes.append(tuple(tokens.shape)) if tokens.shape[1] > 3 else None) or forward(tokens, cache, **kw))
+    gen = generate(model, prompts, 6, seed=list(range(len(prompts))), **kw)
+    assert [r.tokens for r in gen.rollouts] == alone
+    assert len(shapes) == 2 and sum(b for b, _ in shapes) == len(prompts), shapes  # the short ones, the long ones
+    assert sum(b * t for b, t in shapes) <= (1 + PREFILL_PADDING) * sum(lengths)
+    # the rule itself: every prompt once, shortest first, each group's padding within bounds
+    groups = length_groups([[0] * n for n in [40, 36, 107, 62, 45, 98, 71, 64, 38]])
+    assert [len(p) for g in groups for p in g] == [36, 38, 40, 45, 62, 64, 71, 98, 107]
+    assert all(len(g) * len(g[-1]) <= (1 + PREFILL_PADDING) * sum(map(len, g)) for g in groups)
+    assert length_groups([]) == []
 
 
 def test_compaction_fills_finished_slots_with_the_last_rows():
