@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from bebop.drafts.history import HistoryDraft
+from bebop.engine.draft_len import probe_buckets
 from bebop.engine.generation import generate
 from bebop.models import cpu
 from bebop.models.registry import chat_ids, load_model
@@ -52,7 +53,9 @@ def main():
                      draft_len="auto", max_draft_len=args.max_draft_len, seed=1000 + epoch)
         return time.perf_counter() - start, g
 
-    run("spec", -1)  # warm-up; and auto's one-off cost probe at this batch (the history is emptied below)
+    # auto's one-off cost probes, at every batch size a draining batch passes through, before anything is timed
+    probe_buckets(model, history, len(prompts), args.max_draft_len)
+    run("spec", -1)  # warm-up (the history is emptied below)
     history.prompts.clear()
     epochs = []
     for epoch in range(args.epochs):
