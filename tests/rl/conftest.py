@@ -7,9 +7,9 @@ from bebop.models.registry import load_model
 
 @pytest.fixture
 def probed_tiny_llama(tmp_path, monkeypatch):
-    """probed_tiny_llama(attention, linear, fp32_attention): tiny-llama with a private cache whose dtype probe says
-    bf16 with `attention` and `linear` (fp32 plain)."""
-    def make(attention, linear, fp32_attention=("sdpa", "sdpa")):
+    """probed_tiny_llama(attention, linear, fp32_attention, fp32_linear): tiny-llama with a private cache whose
+    dtype probe says bf16 with `attention` and `linear` (fp32 with `fp32_attention` and `fp32_linear`)."""
+    def make(attention, linear, fp32_attention=("sdpa", "sdpa"), fp32_linear="plain"):
         from bebop.models import tuning as auto_dtype
 
         monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
@@ -17,7 +17,7 @@ def probed_tiny_llama(tmp_path, monkeypatch):
         key = auto_dtype.probe_key("tiny-llama", policy.embed.weight.device)
         (tmp_path / auto_dtype.CACHE_FILE).write_text(json.dumps({key: {
             "attention_for": {"float32": list(fp32_attention), "bfloat16": list(attention)},
-            "linear_for": {"float32": "plain", "bfloat16": linear}}}))
+            "linear_for": {"float32": fp32_linear, "bfloat16": linear}}}))
         return policy
 
     return make

@@ -12,26 +12,32 @@ from bebop.rl.sync import SYNC_PROBE_TOL, check_sync, model_spec, policy_state
 from bebop.rl.workers.local import LocalWorker
 
 
-def test_sync_check_on_amx_linears_passes_after_each_sync_and_catches_a_stale_copy(probed_tiny_llama):
-    """A rollout worker multiplying with the AMX kernel keeps its weights in that kernel's layout: after each
-    sync (in place, as training updates them) the copy must be rebuilt, so the sync check passes at every
-    version, and a worker that did not take the new weights fails it."""
-    if not cpu.amx_bf16_linears():
-        pytest.skip(f"this CPU ({cpu.describe()}) has no AMX bf16 linears (vLLM installed: {cpu.vllm_cpu_ops()})")
-    policy = probed_tiny_llama(["sdpa", "sdpa"], "amx")
-    worker = LocalWorker(model_spec(policy, None, "bfloat16"), "bfloat16", "ar", 0, 0, 1.0)
-    assert worker.model.linear == "amx"
+@pytest.mark.parametrize("dtype,kind", [("bfloat16", "amx"), ("float32", "onednn")])
+def test_sync_check_on_fast_linears_passes_after_each_sync_and_catches_a_stale_copy(probed_tiny_llama, dtype, kind):
+    """A rollout worker multiplying with a fast kernel (vLLM's AMX bf16 GEMM; its oneDNN matmul in fp32, as on an
+    AVX2-only CPU) keeps its weights in that kernel's layout: after each sync (in place, as training updates
+    them) the copy must be rebuilt, so the sync check passes at every version, and a worker that did not take
+    the new weights fails it."""
+    from bebop.models.kernels import amx_weights, onednn_weights
+
+    if not {"amx": amx_weights, "onednn": onednn_weights}[kind](getattr(torch, dtype), torch.device("cpu")):
+        pytest.skip(f"this CPU ({cpu.describe()}) has no {kind} {dtype} linears (vLLM's kernels loaded: "
+                    f"{cpu.vllm_cpu_ops()})")
+    policy = probed_tiny_llama(["sdpa", "sdpa"], kind if dtype == "bfloat16" else "plain",
+                               fp32_linear=kind if dtype == "float32" else "plain")
+    worker = LocalWorker(model_spec(policy, None, dtype), dtype, "ar", 0, 0, 1.0)
+    assert worker.model.linear == kind
     probe = list(range(3, 40))
     for version in range(3):
         worker.load_weights(policy_state(policy), {}, version)
-        assert check_sync(worker, policy, probe, "bfloat16", float("inf"))["sync_probe_error"] < 0.15
-        assert "_packed" in worker.model.layers[0].w13.__dict__  # the AMX copy is what the check ran
+        assert check_sync(worker, policy, probe, dtype, float("inf"))["sync_probe_error"] < SYNC_PROBE_TOL[dtype]
+        assert kind in worker.model.layers[0].w13.__dict__["_packed"]  # the fast copy is what the check ran
         with torch.no_grad():  # a training step: the trainer's weights move in place
             for p in policy.parameters():
                 p.add_(0.05 * torch.randn_like(p))
     with pytest.raises(BebopError, match="not the trainer's"):  # the last update was never synced
-        check_sync(worker, policy, probe, "bfloat16", float("inf"))
-    assert all(m.kind == "amx" for m in worker.model.modules() if isinstance(m, Linear))
+        check_sync(worker, policy, probe, dtype, float("inf"))
+    assert all(m.kind == kind for m in worker.model.modules() if isinstance(m, Linear))
 
 
 def test_the_sync_check_allows_what_bf16_rounding_costs_a_sharp_policy_and_catches_a_missed_sync(perturbed):
