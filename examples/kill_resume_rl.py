@@ -1,8 +1,9 @@
 """SIGKILL a tiny `bebop rl --save-every 1` run at random steps, `--resume` after each kill, and check that the final
-checkpoint equals an uninterrupted run's bit for bit (policy, online-trained MTP) with one metrics row per step.
-A fixed --draft-len: with auto, K follows measured step times, so no two runs draw the same samples.
+checkpoint equals an uninterrupted run's bit for bit (policy, online-trained MTP, or the history draft's state with
+DRAFT `history`) with one metrics row per step. A fixed --draft-len: with auto, K follows measured step times, so
+no two runs draw the same samples.
 
-    OMP_NUM_THREADS=1 python examples/kill_resume_rl.py [SEED] [KILLS]
+    OMP_NUM_THREADS=1 python examples/kill_resume_rl.py [SEED] [KILLS] [DRAFT: online-kl (default) or history]
 
 A kill lands a random 0-0.4 s after the checkpoint of a random step appears (during the next step's rollout,
 training or the checkpoint write itself); a kill that lands while a resumed run is still loading is harmless too.
@@ -25,7 +26,7 @@ from safetensors.torch import load_file
 STEPS = 16
 ARGS = ["rl", "--model", "tiny-llama", "--task", "arithmetic", "--steps", str(STEPS), "--prompts-per-step", "2",
         "--num-generations", "2", "--max-completion-length", "8", "--rollout", "spec", "--draft-len", "3",
-        "--draft-strategy", "online-kl",
+        "--draft-strategy", "online-kl",  # (or, with DRAFT history: --draft history over 2 prompts in turn)
         "--async-mode", "off", "--threads", "1", "--autocast", "off",  # rollout dtype: auto (fp32 here), kept on resume
         "--eval-prompts", "2", "--save-every", "1", "--seed", "0"]
 BEBOP = [sys.executable, "-m", "bebop.cli"]
@@ -54,11 +55,15 @@ def run(out, resume=False, kill_at=None):
 
 def final(out):
     last = max(steps_saved(out))
-    return last, load_file(f"{out}/ckpt/step-{last:09d}/tensors.safetensors")
+    path = f"{out}/ckpt/step-{last:09d}"
+    return last, load_file(f"{path}/tensors.safetensors"), torch.load(f"{path}/state.pt", weights_only=False)["history"]
 
 
 def main():
     seed, kills = (int(a) for a in (sys.argv[1:] + ["0", "5"])[:2])
+    if sys.argv[3:4] == ["history"]:
+        i = ARGS.index("--draft-strategy")
+        ARGS[i:i + 2] = ["--draft", "history", "--num-train-prompts", "2"]
     rng = random.Random(seed)
     root = tempfile.mkdtemp(prefix="kill-resume-rl-")
     rc, err = run(f"{root}/full")
@@ -73,8 +78,10 @@ def main():
             continue
         assert rc == 0, err.decode()[-500:]
         break
-    (sa, a), (sb, b) = final(f"{root}/full"), final(f"{root}/part")
-    same = sa == sb and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    (sa, a, ha), (sb, b, hb) = final(f"{root}/full"), final(f"{root}/part")
+    same = sa == sb and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) and ha == hb
+    if ha is not None:
+        print(f"history draft state saved: {len(str(ha))} characters, identical: {ha == hb}")
     steps = [json.loads(line)["step"] for line in open(f"{root}/part/metrics.jsonl")]
     print(f"{done} kills; final step {sa} vs {sb}; identical: {same}; metrics steps {steps}")
     shutil.rmtree(root)
