@@ -33,11 +33,15 @@ def amx_weights(dtype: torch.dtype, device: torch.device) -> bool:
     return device.type == "cpu" and dtype == torch.bfloat16 and cpu.amx_bf16_linears()
 
 
+def vllm_computes(dtype: torch.dtype) -> bool:
+    """Whether vLLM's CPU kernels compute `dtype` here: fp32 in every build, bf16 where oneDNN computes it
+    natively (its matmul handler refuses to build elsewhere)."""
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and cpu.native_bf16())
+
+
 def onednn_weights(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether vLLM's oneDNN matmul (bebop.models.cpu.onednn_linears) can run here: fp32, or bf16 where oneDNN
-    computes bf16 natively (its handler refuses to build elsewhere)."""
-    return device.type == "cpu" and cpu.onednn_linears() and (
-        dtype == torch.float32 or (dtype == torch.bfloat16 and cpu.native_bf16()))
+    """Whether vLLM's oneDNN matmul (bebop.models.cpu.onednn_linears) can run here, in `dtype` (vllm_computes)."""
+    return device.type == "cpu" and cpu.onednn_linears() and vllm_computes(dtype)
 
 
 if hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):  # looked up once: resolving torch.ops attributes costs
@@ -218,10 +222,8 @@ PAGED_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # what vL
 
 def paged_runs(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
     """Whether vLLM's CPU attention over a paged cache can run here: on a CPU where vLLM's kernels are loaded
-    (bebop.models.cpu.vllm_cpu_attention), fp32, or bf16 where the CPU computes it natively, for a head size
-    it supports."""
-    return device.type == "cpu" and head_dim in PAGED_HEAD_DIMS and cpu.vllm_cpu_attention() and (
-        dtype == torch.float32 or (dtype == torch.bfloat16 and cpu.native_bf16()))
+    (bebop.models.cpu.vllm_cpu_attention), in `dtype` (vllm_computes), for a head size it supports."""
+    return device.type == "cpu" and head_dim in PAGED_HEAD_DIMS and cpu.vllm_cpu_attention() and vllm_computes(dtype)
 
 
 @dataclass
