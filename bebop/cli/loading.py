@@ -4,7 +4,7 @@ from bebop.cli.checks import HISTORY_DRAFT
 from bebop.drafts.history import HistoryDraft
 from bebop.drafts.registry import load_draft, new_draft, trained_draft
 from bebop.errors import BebopError
-from bebop.models.registry import load_model
+from bebop.models.registry import compile_mode, load_model
 
 
 def no_trained_draft(name: str) -> str:
@@ -38,8 +38,8 @@ def load(args, need_mtp=True):
     """(model, tokenizer, draft) from --model / --draft: a draft model (pick_mtp) or, for --draft history, an
     empty history draft that learns from the rollouts as they are written (a group's samples draft from each
     other's text)."""
-    model, tok = load_model(args.model, dtype=getattr(args, "dtype", "float32"), compile=args.compile,
-                          device=args.device)
+    model, tok = load_model(args.model, dtype=getattr(args, "dtype", "float32"),
+                            compile=compile_mode(args.compile, args.compile_default), device=args.device)
     mtp = None
     if need_mtp:
         mtp = HistoryDraft() if args.draft == HISTORY_DRAFT else pick_mtp(args.draft, model)

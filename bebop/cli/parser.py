@@ -79,8 +79,9 @@ def deprecated(p, old, new):
 DEVICE_HELP = "where the model runs: auto (a CUDA GPU where torch sees one, else the CPU), cpu, cuda or cuda:N"
 
 
-def add_model_args(p, draft=True, dtype=True, compile=True, device=True):
-    """--model, and the options of the commands that use them: --draft, --dtype, --compile, --device."""
+def add_model_args(p, draft=True, dtype=True, compile=True, device=True, compile_default="0"):
+    """--model, and the options of the commands that use them: --draft, --dtype, --compile (where neither it nor
+    $BEBOP_COMPILE is given: `compile_default`), --device."""
     p.add_argument("--model", default="smollm2-135m", help="registry name or local Hugging Face model directory")
     if device:
         p.add_argument("--device", default="auto", help=DEVICE_HELP)
@@ -97,7 +98,9 @@ def add_model_args(p, draft=True, dtype=True, compile=True, device=True):
     if compile:
         p.add_argument("--compile", default=None, choices=("0", "auto", "1"),
                    help="the compiled decode step: 1 on, 0 eager, auto where the --dtype auto probe times it faster "
-                        "(default: $BEBOP_COMPILE, else 0); a first compile takes minutes, later runs reuse it")
+                        f"(default: $BEBOP_COMPILE, else {compile_default}); a first compile takes minutes, later "
+                        "runs reuse it")
+        p.set_defaults(compile_default=compile_default)
     if draft:
         deprecated(p, "--mtp", "--draft")
 
@@ -254,7 +257,7 @@ def build_parser():
     p.set_defaults(func="generate:cmd_generate")
 
     p = sub.add_parser("bench", help="tokens/s and acceptance per mode and batch size, interleaved")
-    add_model_args(p)
+    add_model_args(p, compile_default="auto")  # a bench repays a compile: compiled where the probe times it faster
     p.add_argument("--batch-sizes", default="1,4,16", help="comma-separated batch sizes to measure")
     p.add_argument("--modes", default="ar,spec,spec-greedy",
                    help="any of ar, spec, spec-greedy (argmax drafts, exact verification), hf (transformers), vllm (vLLM's plain decoding), vllm-spec "

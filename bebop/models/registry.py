@@ -214,12 +214,12 @@ def load_hf(name: str):
                      "or a Hugging Face id in the local cache")
 
 
-def compile_mode(compile: str | None) -> str:
-    """The compile mode (compiled.COMPILE_MODES): `compile`, or where it is None the environment's BEBOP_COMPILE
-    ("0", eager, where unset)."""
+def compile_mode(compile: str | None, default: str = "0") -> str:
+    """The compile mode (compiled.COMPILE_MODES): `compile`, or where it is None the environment's BEBOP_COMPILE,
+    else `default` (eager for the Python API; a command's own default on the command line)."""
     what = "compile"
     if compile is None:
-        what, compile = "BEBOP_COMPILE", os.environ.get("BEBOP_COMPILE", "0")
+        what, compile = "BEBOP_COMPILE", os.environ.get("BEBOP_COMPILE", default)
     if compile not in compiled.COMPILE_MODES:
         raise BebopError(f"{what} must be one of {', '.join(compiled.COMPILE_MODES)}, got {compile!r}")
     return compile

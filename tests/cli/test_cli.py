@@ -471,8 +471,15 @@ def test_compile_and_device_flags_reach_the_model_loader(tmp_path, capsys, monke
 
     monkeypatch.setattr(loading, "load_model", spy)
     base = ["generate", "--model", "tiny-llama", "--prompt", "hi", "--max-new-tokens", "2", "--mode", "ar"]
+    monkeypatch.delenv("BEBOP_COMPILE", raising=False)
     main([*base, "--compile", "1", "--device", "cpu"])
     main(base)
-    assert seen == [("1", "cpu"), (None, "auto")]  # None: load_model reads $BEBOP_COMPILE
+    bench = ["bench", "--model", "tiny-llama", "--batch-sizes", "1", "--repeats", "1", "--max-new-tokens", "2",
+             "--modes", "ar"]
+    main(bench)  # a bench repays a compile: compiled where the probe times it faster
+    monkeypatch.setenv("BEBOP_COMPILE", "0")
+    main(bench)  # the environment over a command's default
+    main([*bench, "--compile", "1"])  # the flag over both
+    assert seen == [("1", "cpu"), ("0", "auto"), ("auto", "auto"), ("0", "auto"), ("1", "auto")]
     capsys.readouterr()
     assert "--compile" in run_error(capsys, [*base, "--compile", "yes"])
