@@ -319,7 +319,10 @@ def build_parser():
     p = sub.add_parser("compare-losses", help="train one MTP per loss on the same budget and compare acceptance")
     add_model_args(p, draft=False, dtype=False)
     add_train_args(p)
-    p.add_argument("--losses", default="ce,kl,tv,e2e-tv,lk,kl+e2e-tv", help="comma-separated losses to compare")
+    p.add_argument("--losses", default="ce,kl,tv,e2e-tv,lk,kl+e2e-tv", help="comma-separated losses to compare "
+                   "(with --seeds, each against the first)")
+    p.add_argument("--seeds", type=int, default=1, help="drafts per loss, from training seeds --seed, --seed + 1, ...: "
+                   "the losses compared on seed means with 95%% intervals")
     p.add_argument("--temperatures", default="0.6,1.0,1.2", help="comma-separated sampling temperatures to evaluate at")
     p.add_argument("--final-eval-prompts", type=int, default=32, help="held-out prompts for the final evaluation")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per held-out prompt in the final evaluation")

@@ -90,10 +90,11 @@ def cmd_compare_losses(args):
     args.loss = names[0]
     cfg = train_config(args)
     temperatures = number_list(args.temperatures, float, 0)
-    at_least(args, 1, "final_eval_prompts", "max_new_tokens")
+    at_least(args, 1, "final_eval_prompts", "max_new_tokens", "seeds")
     check_output_dir(args.out, "--out")
     model, _ = load_model(args.model, compile=compile_mode(args.compile, args.compile_default), dtype="float32",
                           device=args.device)
     compare_losses(model, args.data, names, cfg, args.out, temperatures=temperatures,
-                   eval_prompts=args.final_eval_prompts, eval_new_tokens=args.max_new_tokens, seed=args.seed)
+                   eval_prompts=args.final_eval_prompts, eval_new_tokens=args.max_new_tokens, seed=args.seed,
+                   seeds=args.seeds)
     print((Path(args.out) / "compare.md").read_text())

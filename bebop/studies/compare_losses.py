@@ -1,16 +1,23 @@
 """`bebop compare-losses`: one MTP per loss from the same seed, data and budget, then the engine's real
 acceptance for each on the held-out split at several temperatures, with `spec` and (for the record)
-`spec-greedy`. Writes compare.md, compare.json and compare.png in the output directory. Training resumes, so
-an interrupted comparison picks up where it stopped."""
+`spec-greedy`. With `seeds` > 1, every loss is trained again from seeds cfg.seed + 1, ... (the draft's
+initialisation and the order of its batches), and the losses are compared on their seed means: each measure's
+mean with its 95% t-interval, and each loss against the first listed with Welch's 95% interval. Writes
+compare.md, compare.json and compare.png in the output directory. Training and evaluations resume, so an
+interrupted comparison picks up where it stopped."""
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
+
+from scipy import stats
 
 from bebop.training.data import load_split
 from bebop.engine.generation import generate
 from bebop.drafts.registry import load_draft
 from bebop.sampling import SamplingParams
+from bebop.studies.rl_report import mean_ci
 from bebop.training.train import TrainConfig, has_checkpoint, train_draft
 
 
@@ -27,34 +34,66 @@ def evaluate_mtp(target, mtp, prompts, temperatures, draft_len, max_new_tokens, 
 
 
 def compare_losses(target, data_dir, loss_names, cfg: TrainConfig, out_dir, temperatures=(0.6, 1.0, 1.2),
-                   eval_prompts=32, eval_new_tokens=64, seed=0) -> dict:
+                   eval_prompts=32, eval_new_tokens=64, seed=0, seeds: int = 1) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prompts = [r["prompt_ids"] for r in load_split(data_dir, "heldout")[:eval_prompts]]
     results, teacher_forced = [], {}
     for name in loss_names:
-        ckpt = out / f"mtp-{name}"
-        train_draft(target, data_dir, ckpt, replace(cfg, loss=name), resume=has_checkpoint(ckpt))
-        done = out / f"eval-{name}.json"  # evaluations are kept too, so a rerun only does what is missing
-        saved = json.loads(done.read_text()) if done.exists() else {}
-        # as JSON stores them (tuples become lists), or a saved evaluation never matches
-        settings = json.loads(json.dumps({"temperatures": list(temperatures), "prompts": len(prompts),
-                                          "new_tokens": eval_new_tokens, "seed": seed,
-                                          "config": vars(replace(cfg, loss=name))}))
-        if saved.get("settings") != settings:
-            rows = evaluate_mtp(target, load_draft(ckpt, target), prompts, temperatures, cfg.draft_len,
-                                eval_new_tokens, seed)
-            saved = {"settings": settings, "rows": rows}
-            done.write_text(json.dumps(saved))
-        results += [{"loss": name, **row} for row in saved["rows"]]
-        teacher_forced[name] = last_heldout_eval(ckpt)
+        for train_seed in range(cfg.seed, cfg.seed + seeds):
+            run = name if train_seed == cfg.seed else f"{name}-seed{train_seed}"  # (the first as one seed names it)
+            run_cfg = replace(cfg, loss=name, seed=train_seed)
+            ckpt = out / f"mtp-{run}"
+            train_draft(target, data_dir, ckpt, run_cfg, resume=has_checkpoint(ckpt))
+            done = out / f"eval-{run}.json"  # evaluations are kept too, so a rerun only does what is missing
+            saved = json.loads(done.read_text()) if done.exists() else {}
+            # as JSON stores them (tuples become lists), or a saved evaluation never matches
+            settings = json.loads(json.dumps({"temperatures": list(temperatures), "prompts": len(prompts),
+                                              "new_tokens": eval_new_tokens, "seed": seed, "config": vars(run_cfg)}))
+            if saved.get("settings") != settings:
+                rows = evaluate_mtp(target, load_draft(ckpt, target), prompts, temperatures, cfg.draft_len,
+                                    eval_new_tokens, seed)
+                saved = {"settings": settings, "rows": rows}
+                done.write_text(json.dumps(saved))
+            results += [{"loss": name, "seed": train_seed, **row} for row in saved["rows"]]
+            teacher_forced[run] = {"loss": name, "seed": train_seed, **last_heldout_eval(ckpt)}
     report = {"data": str(data_dir), "config": vars(cfg), "temperatures": list(temperatures),
               "eval_prompts": len(prompts), "eval_new_tokens": eval_new_tokens, "results": results,
-              "teacher_forced": teacher_forced}
+              "teacher_forced": teacher_forced, "seeds": seeds}
+    if seeds > 1:
+        report["over_seeds"] = over_seeds(report, loss_names)
     (out / "compare.json").write_text(json.dumps(report, indent=1))
     (out / "compare.md").write_text(markdown(report))
     plot(report, out / "compare.png")
     return report
+
+
+def over_seeds(report, loss_names) -> list[dict]:
+    """Each loss's seed values of every measure (teacher-forced mean acceptance length 1 + E[A] and alpha per
+    depth; in the engine, `spec`'s mean acceptance length per temperature): mean, 95% t-interval, and the
+    difference from the first loss's mean with Welch's 95% interval."""
+    values = {}  # (measure, loss) -> one value per seed
+    for tf in report["teacher_forced"].values():
+        values.setdefault(("teacher-forced mean acceptance length", tf["loss"]), []).append(1 + tf["expected_accepted"])
+        for depth, a in enumerate(tf["alpha"], 1):
+            values.setdefault((f"teacher-forced alpha at depth {depth}", tf["loss"]), []).append(a)
+    for r in report["results"]:
+        if r["mode"] == "spec":
+            values.setdefault((f"mean acceptance length, T={r['temperature']:g}", r["loss"]), []).append(
+                r["mean_acceptance_length"])
+    rows = []
+    for measure in dict.fromkeys(m for m, _ in values):
+        first = values[(measure, loss_names[0])]
+        for loss in loss_names:
+            x = values[(measure, loss)]
+            mean, ci = mean_ci(x)
+            row = {"measure": measure, "loss": loss, "values": x, "mean": mean, "ci95": ci}
+            if loss != loss_names[0]:
+                c = stats.ttest_ind(x, first, equal_var=False).confidence_interval(0.95)
+                row["minus_first"] = mean - sum(first) / len(first)
+                row["minus_first_ci95"] = None if math.isnan(c.low) else [float(c.low), float(c.high)]
+            rows.append(row)
+    return rows
 
 
 def last_heldout_eval(ckpt) -> dict:
@@ -75,7 +114,8 @@ def markdown(report) -> str:
              "|---|---|---|---|---|---|---|"]
     for r in report["results"]:
         ppa = ", ".join(f"{x:.3f}" for x in r["per_position_acceptance"])
-        lines.append(f"| {r['loss']} | {r['temperature']:g} | {r['mode']} | {r['acceptance_rate']:.3f} | "
+        run = r["loss"] if r.get("seed", cfg["seed"]) == cfg["seed"] else f"{r['loss']}-seed{r['seed']}"
+        lines.append(f"| {run} | {r['temperature']:g} | {r['mode']} | {r['acceptance_rate']:.3f} | "
                      f"{r['mean_acceptance_length']:.3f} | {ppa} | {r['mean_entropy']:.2f} |")
     lines += ["", "Teacher-forced on held-out sequences at the training temperature (exact expected acceptance from "
               "p and q at every position, no sampling noise):", "",
@@ -83,8 +123,25 @@ def markdown(report) -> str:
     for name, tf in report["teacher_forced"].items():
         lines.append(f"| {name} | {', '.join(f'{a:.3f}' for a in tf['alpha'])} | {tf['expected_accepted']:.3f} | "
                      f"{1 + tf['expected_accepted']:.3f} |")
+    if report.get("over_seeds"):
+        first = report["over_seeds"][0]["loss"]
+        lines += ["", f"Over {report['seeds']} seeds per loss (training seeds {cfg['seed']}..{cfg['seed'] + report['seeds'] - 1}): "
+                  f"seed mean with its 95% t-interval; each loss minus {first}, Welch's 95% interval:", "",
+                  f"| measure | loss | mean [95% CI] | minus {first} [95% CI] |", "|---|---|---|---|"]
+        for r in report["over_seeds"]:
+            diff = "" if "minus_first" not in r else f"{r['minus_first']:+.4f} {interval(r['minus_first_ci95'], '+')}"
+            lines.append(f"| {r['measure']} | {r['loss']} | {r['mean']:.4f} {interval(r['ci95'])} | {diff} |")
     lines += ["", "![acceptance per loss and temperature](compare.png)", ""]
     return "\n".join(lines)
+
+
+def seed_mean(report, key, loss, temperature, mode) -> float:
+    x = [r[key] for r in report["results"] if (r["loss"], r["temperature"], r["mode"]) == (loss, temperature, mode)]
+    return sum(x) / len(x)
+
+
+def interval(ci, sign="") -> str:
+    return "[-]" if ci is None else f"[{ci[0]:{sign}.4f}, {ci[1]:{sign}.4f}]"
 
 
 def plot(report, path):
@@ -96,10 +153,7 @@ def plot(report, path):
     for ax, key in zip(fig.subplots(1, 2), ("acceptance_rate", "mean_acceptance_length")):
         width = 0.8 / len(temps)
         for j, T in enumerate(temps):
-            vals = [next(r[key] for r in report["results"] if r["loss"] == l and r["temperature"] == T
-                         and r["mode"] == "spec") for l in losses]
-            greedy = [next(r[key] for r in report["results"] if r["loss"] == l and r["temperature"] == T
-                           and r["mode"] == "spec-greedy") for l in losses]
+            vals, greedy = ([seed_mean(report, key, l, T, mode) for l in losses] for mode in ("spec", "spec-greedy"))
             xs = [i + (j - (len(temps) - 1) / 2) * width for i in range(len(losses))]
             ax.bar(xs, vals, width, label=f"spec T={T:g}")
             ax.scatter(xs, greedy, marker="_", color="black", s=80, zorder=3,

@@ -141,6 +141,41 @@ def test_commands_end_to_end(tmp_path, capsys):
         assert (tmp_path / "ent" / name).stat().st_size > 0
 
 
+def test_losses_compared_over_seeds_train_a_draft_per_seed_and_compare_seed_means(sharp, data, tmp_path):
+    """--seeds: every loss trained from each seed (different drafts), each measure's seed mean with its interval,
+    each loss against the first with Welch's interval; more seeds later train only the new ones."""
+    from safetensors.torch import load_file
+
+    from bebop.studies.compare_losses import compare_losses
+
+    model, _ = sharp
+    cfg = TrainConfig(draft_len=2, steps=3, batch_size=4, eval_every=3, eval_prompts=0, features_dtype="float32",
+                      autocast="off", seed=5)
+    kw = dict(temperatures=(1.0,), eval_prompts=2, eval_new_tokens=6)
+    report = compare_losses(model, data, ["e2e-tv", "ce"], cfg, tmp_path, seeds=2, **kw)
+    runs = {"e2e-tv": 5, "e2e-tv-seed6": 6, "ce": 5, "ce-seed6": 6}
+    assert {k: v["seed"] for k, v in report["teacher_forced"].items()} == runs
+    first, second = (load_file(tmp_path / f"mtp-{r}.safetensors") for r in ("ce", "ce-seed6"))
+    assert any(not torch.equal(first[k], second[k]) for k in first)  # another seed, another draft
+    rows = {(r["measure"], r["loss"]): r for r in report["over_seeds"]}
+    measures = {"teacher-forced mean acceptance length", "teacher-forced alpha at depth 1",
+                "teacher-forced alpha at depth 2", "mean acceptance length, T=1"}
+    assert {m for m, _ in rows} == measures and all(len(r["values"]) == 2 for r in rows.values())
+    tf = rows[("teacher-forced mean acceptance length", "ce")]
+    assert tf["values"] == [1 + report["teacher_forced"][r]["expected_accepted"] for r in ("ce", "ce-seed6")]
+    assert tf["ci95"][0] < tf["mean"] < tf["ci95"][1]
+    e2e = rows[("teacher-forced mean acceptance length", "e2e-tv")]
+    assert "minus_first" not in e2e and tf["minus_first"] == pytest.approx(tf["mean"] - e2e["mean"])
+    low, high = tf["minus_first_ci95"]
+    assert low < tf["minus_first"] < high
+    assert "| teacher-forced mean acceptance length | ce |" in (tmp_path / "compare.md").read_text()
+    written = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("eval-*.json")}
+    report = compare_losses(model, data, ["e2e-tv", "ce"], cfg, tmp_path, seeds=3, **kw)
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("eval-*.json") if p.name in written} == written
+    assert len(list(tmp_path.glob("eval-*.json"))) == 6
+    assert all(len(r["values"]) == 3 for r in report["over_seeds"])
+
+
 def test_resume_refuses_other_data_other_settings_or_nothing(sharp, data, tmp_path):
     model, _ = sharp
     cfg = TrainConfig(loss="kl", draft_len=2, steps=2, batch_size=4, eval_every=100, save_every=1, eval_prompts=0,
