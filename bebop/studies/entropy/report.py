@@ -1,6 +1,7 @@
 """The report files of the entropy study: tokens.csv (the trace), report.json, report.md and three PNG plots."""
 
 import csv
+import gzip
 import json
 import math
 import os
@@ -50,8 +51,9 @@ def _write_csv(table, path):
 
 
 def read_table(path):
-    """Load a tokens.csv written by write_report back into a trace table."""
-    with open(path, newline="") as f:
+    """Load a tokens.csv written by write_report back into a trace table (or tokens.csv.gz: the traces kept
+    under results/ are gzipped)."""
+    with (gzip.open(path, "rt", newline="") if str(path).endswith(".gz") else open(path, newline="")) as f:
         rows = list(csv.reader(f))
     if len(rows) < 2:
         raise BebopError(f"{path}: no rows")

@@ -1,6 +1,7 @@
 """bebop.studies.entropy.report: the report files of a summarised trace (tokens.csv, report.json, report.md, the
 plots), the verdict in words, and tokens.csv read back to the same table and summary."""
 
+import gzip
 import json
 import os
 
@@ -52,6 +53,9 @@ def test_summarize_and_report_greedy_steeper(synthetic_table, tmp_path):
         else:
             assert back[k].dtype == np.asarray(table[k]).dtype or kind is str, k
             np.testing.assert_array_equal(back[k], table[k], err_msg=k)
+    (tmp_path / "tokens.csv.gz").write_bytes(gzip.compress((tmp_path / "tokens.csv").read_bytes()))
+    zipped = read_table(tmp_path / "tokens.csv.gz")  # as the traces under results/ are kept
+    assert all(np.array_equal(zipped[k], back[k]) for k in back)
     s2 = summarize(back, n_boot=300)
     assert s2["fits"]["run"]["greedy"]["slope"] == pytest.approx(s["fits"]["run"]["greedy"]["slope"], rel=1e-4)
     assert s2["verdict"]["greedy_steeper"] is True
