@@ -150,3 +150,20 @@ def test_no_issue_or_session_numbers_or_private_notes_in_the_package():
 ])
 def test_the_circle_finder_finds_circles(graph, expected):
     assert circles(graph) == expected
+
+
+def test_the_tracked_files_leave_the_gpu_check_room_for_the_model():
+    """Every device call of the GPU check carries the tracked files (examples/gpu/prepare.sh): they must leave
+    room for the default model's GGUF to go over in the calls the script allows. A bulky file added to git
+    (fp32 drafts, per-token traces) fails here, not on the one session that is lent a GPU."""
+    from bebop.models.registry import smollm2_gguf
+
+    root = PACKAGE.parent
+    script = (root / "examples" / "gpu" / "prepare.sh").read_text()
+    limit, margin, calls = (int(re.search(rf"{name}=(?:\$\{{\w+:-)?(\d+)", script).group(1))
+                            for name in ("LIMIT_MIB", "MARGIN_MIB", "MAX_CALLS"))
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
+    size = sum((root / p).stat().st_size for p in tracked.decode().split("\0") if p and (root / p).is_file())
+    model = (Path(smollm2_gguf()[0]) / smollm2_gguf()[1]).stat().st_size
+    room = (limit - margin - 1) * 2 ** 20 - size  # (1 MiB for the gguf wheel and the checksum)
+    assert room * calls >= model, f"tracked files {size / 2 ** 20:.1f} MiB leave {room / 2 ** 20:.1f} MiB a call"
