@@ -96,13 +96,17 @@ def add_model_args(p, draft=True, dtype=True, compile=True, device=True, compile
                    help="weights and activations for generating (generate, bench, make-data); auto: bfloat16 where a "
                         "short probe, cached per machine and model, measures it faster, else float32")
     if compile:
-        p.add_argument("--compile", default=None, choices=("0", "auto", "1"),
-                   help="the compiled decode step: 1 on, 0 eager, auto where the --dtype auto probe times it faster "
-                        f"(default: $BEBOP_COMPILE, else {compile_default}); a first compile takes minutes, later "
-                        "runs reuse it")
-        p.set_defaults(compile_default=compile_default)
+        add_compile_arg(p, compile_default)
     if draft:
         deprecated(p, "--mtp", "--draft")
+
+
+def add_compile_arg(p, default="0"):
+    """--compile, whose default (where neither it nor $BEBOP_COMPILE is given) is `default`."""
+    p.add_argument("--compile", default=None, choices=("0", "auto", "1"),
+                   help="the compiled decode step: 1 on, 0 eager, auto where the --dtype auto probe times it faster "
+                        f"(default: $BEBOP_COMPILE, else {default}); a first compile takes minutes, later runs reuse it")
+    p.set_defaults(compile_default=default)
 
 
 def draft_len_arg(text: str):
@@ -130,6 +134,7 @@ def add_rl_args(p):
     d = RLConfig()
     p.add_argument("--model", default=d.model, help="registry name or local Hugging Face model directory")
     p.add_argument("--device", default=d.device, help=DEVICE_HELP + " (the trainer and the rollouts share it)")
+    add_compile_arg(p)  # (the rollouts' decode step; the trainer's forward stays eager)
     p.add_argument("--draft", default=d.draft, help="the draft, as for generate: a checkpoint, an EAGLE-3 directory, 'random', "
                    "'random-eagle3' or 'history' (no model: each row drafts what followed its text in the earlier "
                    "rollouts of its prompt, learnt as the run goes and saved with its checkpoints); default: the model's "

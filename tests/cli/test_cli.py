@@ -481,5 +481,18 @@ def test_compile_and_device_flags_reach_the_model_loader(tmp_path, capsys, monke
     main(bench)  # the environment over a command's default
     main([*bench, "--compile", "1"])  # the flag over both
     assert seen == [("1", "cpu"), ("0", "auto"), ("auto", "auto"), ("0", "auto"), ("1", "auto")]
+    import bebop.cli.rl as rl  # rl loads its policy itself: its rollouts take --compile too
+    from bebop.errors import BebopError
+
+    def stop(name, dtype="float32", compile=None, device="auto"):
+        seen.append((compile, device))
+        raise BebopError("stop here")
+
+    monkeypatch.setattr(rl, "load_model", stop)
+    capsys.readouterr()
+    for flags, want in (([], "0"), (["--compile", "auto"], "auto")):
+        assert "stop here" in run_error(capsys, ["rl", "--model", "tiny-llama", "--steps", "1", "--out",
+                                                 str(tmp_path / "rl"), *flags])
+        assert seen[-1] == (want, "auto")
     capsys.readouterr()
     assert "--compile" in run_error(capsys, [*base, "--compile", "yes"])
