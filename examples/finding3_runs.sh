@@ -22,6 +22,7 @@ $BEBOP compare-losses --model smollm2-135m --data $W/data --kind eagle3 --losses
     --eval-sequences 128 --eval-prompts 0 --save-every 50 --features-dtype float32 --autocast off \
     --temperatures 1.0 --final-eval-prompts 32 --max-new-tokens 64 --seed 0 --out $W/compare
 
-# 3. what is kept: the report and each draft's training metrics (the drafts stay in $W)
+# 3. what is kept: the report and each draft's training metrics, gzipped (the drafts stay in $W; every device
+#    call of the GPU check carries the tracked files)
 cp $W/compare/compare.md $W/compare/compare.json $W/compare/compare.png $R/
-cp $W/compare/*.metrics.jsonl $R/
+for f in $W/compare/*.metrics.jsonl; do gzip -9nc "$f" > "$R/$(basename "$f").gz"; done
