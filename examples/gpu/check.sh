@@ -8,7 +8,8 @@
 # What it needs beyond the repository (a bare machine has neither): the gguf wheel and the default model's GGUF in
 # parts, both under .gpu/, as examples/gpu/prepare.sh lays them out. Each step has its own time limit, so one that
 # hangs still leaves the others' files. Where $OUT is set (the device tool's folder, which brings back at most 8
-# files), it gets all of them as gpu-check.tgz, plus bench.txt and report.md to read at once; commit them under
+# files), it gets all of them as gpu-check.tgz, plus bench.txt and report.md to read at once, refreshed after every
+# step (a call that runs past its time limit still brings back the steps that finished); commit them under
 # results/gpu/ with the GPU's name.
 # For a dry run on any machine: BEBOP_CHECK_DEVICE=cpu BEBOP_CHECK_MODEL=tiny-llama BEBOP_CHECK_SMALL=1.
 set -uo pipefail
@@ -35,12 +36,19 @@ if compgen -G ".gpu/model-part-*" >/dev/null; then  # the default model's GGUF, 
   export PYTHONPATH="$PYTHONPATH:$PWD/.gpu/site"
 fi
 
+bring_back() {  # what has finished so far, into $OUT: a call cut off by its time limit still returns it
+  [ -n "${OUT:-}" ] || return 0
+  mkdir -p .gpu/rl && tar czf "$OUT/gpu-check.tgz" --exclude=ckpt -C .gpu check rl
+  cp "$RES/bench.txt" "$OUT/" 2>/dev/null; cp "$RES/rl/report.md" "$OUT/" 2>/dev/null; return 0
+}
+
 step() {  # step NAME SECONDS COMMAND...: run one part, its output in $RES/NAME.txt, whatever the others do
   local name=$1 limit=$2; shift 2
   echo "== $name: $*" | tee "$RES/$name.txt"
   local t0=$SECONDS
   timeout "$limit" "$@" 2>&1 | tee -a "$RES/$name.txt" | grep -v -e '%|' -e '^$' | tail -n 40
   echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s" | tee -a "$RES/$name.txt"
+  bring_back
 }
 
 step env 60 $PY -c "
@@ -63,7 +71,4 @@ step data 40 $PY -m bebop.cli make-data --device "$DEVICE" --model "$MODEL" --nu
 step train 60 $PY -m bebop.cli train-draft --device "$DEVICE" --model "$MODEL" --data .gpu/data --kind eagle3 \
   --steps "$TRAIN" --eval-every "$TRAIN" --save-every "$TRAIN" --eval-prompts 4 --out .gpu/draft
 cp .gpu/draft.metrics.jsonl "$RES/train.metrics.jsonl" 2>/dev/null
-if [ -n "${OUT:-}" ]; then
-  tar czf "$OUT/gpu-check.tgz" --exclude=ckpt -C .gpu check rl
-  cp "$RES/bench.txt" "$OUT/" 2>/dev/null; cp "$RES/rl/report.md" "$OUT/" 2>/dev/null
-fi
+bring_back
