@@ -6,9 +6,9 @@ import numpy as np
 
 from bebop.cli.checks import (MAX_DRAFT_LEN, at_least, check_context, check_draft_args, check_output_dir,
                               check_seed, check_text, number_list)
-from bebop.cli.loading import pick_mtp
+from bebop.cli.loading import compile_arg, pick_mtp
 from bebop.errors import BebopError
-from bebop.models.registry import chat_ids, check_model, compile_mode, load_model
+from bebop.models.registry import chat_ids, check_model, load_model
 from bebop.studies.entropy import collect, summarize, write_report
 from bebop.tasks import default_prompts, load_prompts_file
 
@@ -28,8 +28,7 @@ def cmd_analyze_entropy(args):
     policies = [(args.model, "base")] + [(p, Path(p).name) for p in args.policy]
     parts = []
     for path, label in policies:
-        model, tok = load_model(path, compile=compile_mode(args.compile, args.compile_default), dtype="float32",
-                                device=args.device)
+        model, tok = load_model(path, compile=compile_arg(args), dtype="float32", device=args.device)
         mtp = pick_mtp(args.draft, model)
         prompts = [chat_ids(tok, t) for t in texts]
         check_context(model, prompts, args.max_new_tokens)

@@ -34,12 +34,17 @@ def pick_mtp(spec: str | None, model, need_trained=True):
     return draft or new_draft(model, "mtp")
 
 
+def compile_arg(args) -> str:
+    """The compile mode a command runs with: --compile, else $BEBOP_COMPILE, else the command's own default."""
+    return compile_mode(args.compile, args.compile_default)
+
+
 def load(args, need_mtp=True):
     """(model, tokenizer, draft) from --model / --draft: a draft model (pick_mtp) or, for --draft history, an
     empty history draft that learns from the rollouts as they are written (a group's samples draft from each
     other's text)."""
-    model, tok = load_model(args.model, dtype=getattr(args, "dtype", "float32"),
-                            compile=compile_mode(args.compile, args.compile_default), device=args.device)
+    model, tok = load_model(args.model, dtype=getattr(args, "dtype", "float32"), compile=compile_arg(args),
+                            device=args.device)
     mtp = None
     if need_mtp:
         mtp = HistoryDraft() if args.draft == HISTORY_DRAFT else pick_mtp(args.draft, model)

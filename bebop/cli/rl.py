@@ -6,11 +6,11 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from bebop.backends.vllm import engine as vllm_engine
-from bebop.cli.loading import pick_mtp
+from bebop.cli.loading import compile_arg, pick_mtp
 from bebop.drafts.history import HistoryDraft
 from bebop.drafts.registry import shipped_draft
 from bebop.errors import BebopError
-from bebop.models.registry import compile_mode, hf_dir, load_model
+from bebop.models.registry import hf_dir, load_model
 from bebop.rl.config import RLConfig
 from bebop.rl.loop import run_rl
 from bebop.studies.rl_report import write_report
@@ -35,8 +35,7 @@ def cmd_rl(args):
             raise BebopError("--rollout-backend vllm needs vLLM: pip install 'bebop-rl[vllm]'")
         hf_dir(cfg.model)
     # fp32 master weights; rollouts use their own --rollout-dtype copy
-    policy, tok = load_model(cfg.model, dtype="float32", device=cfg.device,
-                             compile=compile_mode(args.compile, args.compile_default))
+    policy, tok = load_model(cfg.model, dtype="float32", device=cfg.device, compile=compile_arg(args))
     mtp = None
     if cfg.rollout != "ar" and cfg.rollout_backend == "vllm" and cfg.draft is None:
         mtp = shipped_draft(policy, "eagle3")  # vLLM loads EAGLE-3 drafts: the model's shipped one

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from bebop.cli.checks import (MAX_DRAFT_LEN, at_least, check_model_args, check_mtp_file, check_output_dir,
                               check_output_file, check_seed, check_text, number_list, parse_layers, sampling_params)
-from bebop.cli.loading import load
+from bebop.cli.loading import compile_arg, load
 from bebop.errors import BebopError
-from bebop.models.registry import compile_mode, load_model
+from bebop.models.registry import load_model
 from bebop.studies.compare_losses import compare_losses
 from bebop.tasks import load_prompts_file, parse_mix
 from bebop.training.data import load_meta, load_split, make_data
@@ -75,8 +75,7 @@ def cmd_train_draft(args):
     if not args.resume and has_checkpoint(args.out):
         raise BebopError(f"{args.out} already holds a training run ({paths(args.out)[2]}); pass --resume to "
                          f"continue it, or choose another --out")
-    model, _ = load_model(args.model, compile=compile_mode(args.compile, args.compile_default), dtype="float32",
-                          device=args.device)
+    model, _ = load_model(args.model, compile=compile_arg(args), dtype="float32", device=args.device)
     train_draft(model, args.data, args.out, cfg, init=args.init, resume=args.resume,
               command="bebop " + " ".join(sys.argv[1:]))
     print(f"wrote {args.out}.safetensors and {args.out}.json", file=sys.stderr)
@@ -92,8 +91,7 @@ def cmd_compare_losses(args):
     temperatures = number_list(args.temperatures, float, 0)
     at_least(args, 1, "final_eval_prompts", "max_new_tokens", "seeds")
     check_output_dir(args.out, "--out")
-    model, _ = load_model(args.model, compile=compile_mode(args.compile, args.compile_default), dtype="float32",
-                          device=args.device)
+    model, _ = load_model(args.model, compile=compile_arg(args), dtype="float32", device=args.device)
     compare_losses(model, args.data, names, cfg, args.out, temperatures=temperatures,
                    eval_prompts=args.final_eval_prompts, eval_new_tokens=args.max_new_tokens, seed=args.seed,
                    seeds=args.seeds)
