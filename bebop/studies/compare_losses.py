@@ -1,5 +1,5 @@
-"""`bebop compare-losses`: one MTP per loss from the same seed, data and budget, then the engine's real
-acceptance for each on the held-out split at several temperatures, with `spec` and (for the record)
+"""`bebop compare-losses`: one draft (MTP or EAGLE-3) per loss from the same seed, data and budget, then the
+engine's real acceptance for each on the held-out split at several temperatures, with `spec` and (for the record)
 `spec-greedy`. With `seeds` > 1, every loss is trained again from seeds cfg.seed + 1, ... (the draft's
 initialisation and the order of its batches), and the losses are compared on their seed means: each measure's
 mean with its 95% t-interval, and each loss against the first listed with Welch's 95% interval. Writes
@@ -21,11 +21,11 @@ from bebop.studies.rl_report import mean_ci
 from bebop.training.train import TrainConfig, has_checkpoint, train_draft
 
 
-def evaluate_mtp(target, mtp, prompts, temperatures, draft_len, max_new_tokens, seed=0) -> list[dict]:
+def evaluate_draft(target, draft, prompts, temperatures, draft_len, max_new_tokens, seed=0) -> list[dict]:
     rows = []
     for T in temperatures:
         for mode in ("spec", "spec-greedy"):
-            s = generate(target, prompts, max_new_tokens, SamplingParams(T), mode=mode, draft=mtp, draft_len=draft_len,
+            s = generate(target, prompts, max_new_tokens, SamplingParams(T), mode=mode, draft=draft, draft_len=draft_len,
                          seed=seed).stats
             rows.append({"temperature": T, "mode": mode, "acceptance_rate": s.acceptance_rate,
                          "mean_acceptance_length": s.mean_acceptance_length,
@@ -43,7 +43,7 @@ def compare_losses(target, data_dir, loss_names, cfg: TrainConfig, out_dir, temp
         for train_seed in range(cfg.seed, cfg.seed + seeds):
             run = name if train_seed == cfg.seed else f"{name}-seed{train_seed}"  # (the first as one seed names it)
             run_cfg = replace(cfg, loss=name, seed=train_seed)
-            ckpt = out / f"mtp-{run}"
+            ckpt = out / f"{cfg.kind}-{run}"  # the draft kind names the file
             train_draft(target, data_dir, ckpt, run_cfg, resume=has_checkpoint(ckpt))
             done = out / f"eval-{run}.json"  # evaluations are kept too, so a rerun only does what is missing
             saved = json.loads(done.read_text()) if done.exists() else {}
@@ -51,7 +51,7 @@ def compare_losses(target, data_dir, loss_names, cfg: TrainConfig, out_dir, temp
             settings = json.loads(json.dumps({"temperatures": list(temperatures), "prompts": len(prompts),
                                               "new_tokens": eval_new_tokens, "seed": seed, "config": vars(run_cfg)}))
             if saved.get("settings") != settings:
-                rows = evaluate_mtp(target, load_draft(ckpt, target), prompts, temperatures, cfg.draft_len,
+                rows = evaluate_draft(target, load_draft(ckpt, target), prompts, temperatures, cfg.draft_len,
                                     eval_new_tokens, seed)
                 saved = {"settings": settings, "rows": rows}
                 done.write_text(json.dumps(saved))
@@ -106,7 +106,7 @@ def last_heldout_eval(ckpt) -> dict:
 
 def markdown(report) -> str:
     cfg = report["config"]
-    lines = [f"# MTP losses compared (draft length {cfg['draft_len']}, {cfg['steps']} steps, batch {cfg['batch_size']}, "
+    lines = [f"# {cfg['kind']} draft losses compared (draft length {cfg['draft_len']}, {cfg['steps']} steps, batch {cfg['batch_size']}, "
              f"draft vocab {cfg['draft_vocab'] or 'full'})", "",
              f"Data: `{report['data']}`; evaluation: {report['eval_prompts']} held-out prompts, "
              f"{report['eval_new_tokens']} new tokens each, real speculative decoding with the engine.", "",
