@@ -291,14 +291,18 @@ class Acceptance:
         self.row_reached = torch.zeros(rows, max_k, dtype=torch.float64)
         self.row_accepted = torch.zeros(rows, max_k, dtype=torch.float64)
 
-    def update(self, K: int, num_accepted: torch.Tensor) -> None:
-        """num_accepted [B]: accepted drafts per row in a step that drafted K."""
+    def update(self, K: int, num_accepted: torch.Tensor, draft_lens: torch.Tensor | None = None) -> None:
+        """num_accepted [B]: accepted drafts per row in a step that drafted K (each row its own k_r <= K with
+        `draft_lens` [B]: a draft past k_r was not examined)."""
         for counts in (self.reached, self.accepted, self.row_reached, self.row_accepted):
             counts *= self.decay
         if K:
             i = torch.arange(K)
             n = num_accepted.cpu().unsqueeze(1)
-            reached, accepted = (n >= i).double(), (n > i).double()  # draft i+1 was examined / accepted
+            reached, accepted = (n >= i), (n > i)  # draft i+1 was examined / accepted
+            if draft_lens is not None:
+                reached &= i < draft_lens.cpu().unsqueeze(1)
+            reached, accepted = reached.double(), accepted.double()
             self.row_reached[:, :K] += reached
             self.row_accepted[:, :K] += accepted
             self.reached[:K] += reached.sum(0)
@@ -388,19 +392,71 @@ def drain_seconds(row_alphas: torch.Tensor, remaining: torch.Tensor, costs: list
     variance of the tokens a step emits) and, from the uncertainty of the row's acceptance, the steps it needs
     at acceptances one `row_spread` lower. The last of n rows lands about z_n * sigma later (z_n: the expected
     maximum of n standard normals)."""
-    n = len(remaining)
-    alphas = row_alphas.double().numpy()
+    steps, finish = drain_steps(row_alphas, remaining, max_k, row_spread)
+    a, b = step_cost_parts(costs, fixed_costs, max_k, len(remaining))
+    return a * finish.max(0) + b * steps.sum(0)
+
+
+def drain_steps(row_alphas: torch.Tensor, remaining: torch.Tensor, max_k: int,
+                row_spread: torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """[n, max_k + 1] each: the steps row r needs drafting K every step (R_r / E_K,r), and the step by which
+    it has finished as the last of the n rows would (those steps + z_n * sigma_r; see drain_seconds)."""
+    alphas = row_alphas.double().cpu().numpy()
     mean, var = emitted_moments(alphas, max_k)  # [n, max_k + 1]
-    R = np.maximum(remaining.double().numpy(), 1)[:, None]
+    R = np.maximum(remaining.double().cpu().numpy(), 1)[:, None]
     steps = R / mean
     sigma2 = R * var / mean ** 3
     if row_spread is not None:
-        lower = emitted_moments(alphas * (1 - np.clip(row_spread.double().numpy(), 0, 1))[:, None], max_k)[0]
+        lower = emitted_moments(alphas * (1 - np.clip(row_spread.double().cpu().numpy(), 0, 1))[:, None], max_k)[0]
         sigma2 = sigma2 + (R / lower - steps) ** 2
-    last = (steps + expected_max_of_normals(n) * np.sqrt(sigma2)).max(0)
+    return steps, steps + expected_max_of_normals(len(remaining)) * np.sqrt(sigma2)
+
+
+def step_cost_parts(costs: list[float], fixed_costs: list[float], max_k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A step at n rows drafting K each costs a_K + b_K * n: from its cost at n rows and at one ([max_k + 1])."""
     one = np.asarray(fixed_costs[:max_k + 1], dtype=np.float64)
     b = np.maximum(np.asarray(costs[:max_k + 1]) - one, 0) / max(n - 1, 1)
-    return (one - b) * last + b * steps.sum(0)  # a = cost(1 row) - b
+    return one - b, b
+
+
+def choose_row_draft_lens(row_alphas: torch.Tensor, remaining: torch.Tensor, costs: list[float],
+                          fixed_costs: list[float], max_k: int, row_spread: torch.Tensor | None = None,
+                          backlog: float = 0.0) -> np.ndarray:
+    """Each row's own draft length k_r in 0..max_k [n] for a draining batch (arguments as drain_seconds; backlog
+    as choose_draft_len). A step whose rows draft k_r costs about a_K + sum_r b_{k_r} (step_cost_parts, K the
+    deepest k_r), so the drain costs about
+
+        a_0 * L + (a_K - a_0) * D + sum_r b_{k_r} * S_r(k_r)
+
+    with S_r the steps row r needs, L the step by which the last row finishes and D the step by which the last
+    drafting row does (drain_steps). The drain ends with its slowest row: drafting pays in the rows that would
+    finish last (the long tail), while a row far ahead drafts only where that is cheaper for its own work. So
+    for every deepest K and every step L some row could finish by, each row takes, among the k_r <= K that finish
+    by L, either the one with the least own work or, where plain decoding finishes by L, none; the cheapest of
+    these plans is taken if it beats plain decoding by DRAFT_MARGIN. No row drafts past its remaining tokens."""
+    n = len(remaining)
+    steps, finish = drain_steps(row_alphas, remaining, max_k, row_spread)
+    a, b = step_cost_parts(costs, fixed_costs, max_k, n)
+    allowed = np.arange(max_k + 1) < np.maximum(remaining.cpu().numpy(), 1)[:, None]  # [n, max_k + 1] (K = 0 always)
+    finish = np.where(allowed, finish, np.inf)
+    own = np.where(allowed, b * steps, np.inf)  # [n, max_k + 1] each row's own work over the drain
+    plain = a[0] * finish[:, 0].max() + own[:, 0].sum()
+    best, lens = (1 - DRAFT_MARGIN) * plain, np.zeros(n, dtype=np.int64)
+    rows = np.arange(n)
+    for K in range(1, max_k + 1):
+        ends = np.unique(finish[:, :K + 1][np.isfinite(finish[:, :K + 1])])  # [M] candidate L
+        by_end = finish[None, :, :K + 1] <= ends[:, None, None]  # [M, n, K + 1]
+        work = np.where(by_end, own[None, :, :K + 1], np.inf)
+        for k in (work.argmin(-1), np.where(by_end[..., 0], 0, work.argmin(-1))):  # [M, n] least work / needed only
+            cost = work[np.arange(len(ends))[:, None], rows, k]  # [M, n]
+            fin = finish[rows, k]  # [M, n]
+            L, D = fin.max(-1), np.where(k > 0, fin, 0).max(-1)
+            total = a[0] * L + (a[k.max(-1)] - a[0]) * D + cost.sum(-1) + np.where(k.max(-1) > 0, backlog, 0)
+            total[~np.isfinite(cost).all(-1)] = np.inf  # some row cannot finish by L
+            i = int(total.argmin())
+            if total[i] < best:
+                best, lens = total[i], k[i]
+    return lens
 
 
 @functools.cache

@@ -20,7 +20,8 @@ import torch
 from bebop.drafts.base import Draft, draft_or_old_mtp
 from bebop.drafts.history import NO_TOKEN, HistoryDraft, Recording
 from bebop.engine.modes import MODES  # noqa: F401 (here too: engine.generation.MODES)
-from bebop.engine.draft_len import DRAFT_MARGIN, Acceptance, StepCosts, bucket, choose_draft_len, step_costs_for
+from bebop.engine.draft_len import (DRAFT_MARGIN, Acceptance, StepCosts, bucket, choose_draft_len, choose_row_draft_lens,
+                                    step_costs_for)
 from bebop.engine.scheduler import Scheduler
 from bebop.engine.stats import SpecStats
 from bebop.engine.step import Rows, catch_up, speculative_step
@@ -116,26 +117,31 @@ def set_up(target: Decoder, mtp: Draft | None, prompts, max_new_tokens: int, par
     return Decoding(sched, cache, mcache, max_len, K_max, costs, acceptance, vocab_ids)
 
 
-def choose_step_draft_len(d: Decoding, rows: Rows, max_new_tokens: int) -> tuple[int, int]:
-    """0. The step's draft length K, and the used width of the draft's pile. Everything here is known before
-    the step: the caches' room, past acceptance and the measured cost, never what the target computes in this
-    step, so the step stays exact for any K."""
+def choose_step_draft_len(d: Decoding, rows: Rows, max_new_tokens: int) -> tuple[int, int, torch.Tensor | None]:
+    """0. The step's draft length K, the used width of the draft's pile and, where rows draft their own
+    numbers, each row's k_r <= K [B] (None: K for every row). Everything here is known before the step: the
+    caches' room, past acceptance and the measured cost, never what the target computes in this step, so the
+    step stays exact for any K."""
     K = min(d.K_max, d.max_len - 1 - int(d.cache.lengths.max()))  # the target writes positions len..len+K
     width = int(rows.pile_count.max()) if d.mcache is not None else 0  # what a catch-up writes per row
     if d.mcache is not None and int(d.mcache.lengths.max()) + width > d.max_len:
         K = 0  # the MTP's catch-up would not fit either (only at the very end of the context)
+    lens = None
     if d.acceptance is not None and K > 0:  # (a history draft chooses from its proposals: history_proposal)
         n_rows = len(rows)
         K = min(K, int((max_new_tokens - rows.n_out).max()) - 1)  # tokens past every row's limit are wasted
         if K > 0 and d.costs.wants_baseline(n_rows):  # plain steps first: what drafting must beat, measured
             K = 0
-        elif K > 0:  # once no request waits for a row, rows that drift apart leave a tail of small steps;
-            # and drafting after plain steps first feeds the MTP what they piled up
-            drain = None if d.sched.queue else (d.acceptance.row_alphas(), d.acceptance.row_spread(),
-                                                max_new_tokens - rows.n_out, d.costs(1),
-                                                d.costs.catch_up_seconds(n_rows * (width - 1)))
-            K = choose_draft_len(d.acceptance.alphas(), d.costs(n_rows), K, drain)
-    return K, width
+        elif K > 0:  # drafting after plain steps first feeds the MTP what they piled up (the backlog)
+            backlog = d.costs.catch_up_seconds(n_rows * (width - 1))
+            if d.sched.queue:  # rows are refilled: the K with the least time per token
+                K = choose_draft_len(d.acceptance.alphas(), d.costs(n_rows), K)
+            else:  # the batch drains: each row its own k_r, which the rows that would finish last need most
+                per_row = choose_row_draft_lens(d.acceptance.row_alphas(), max_new_tokens - rows.n_out,
+                                                d.costs(n_rows), d.costs(1), K, d.acceptance.row_spread(), backlog)
+                K = int(per_row.max())
+                lens = torch.from_numpy(per_row) if K and (per_row != K).any() else None
+    return K, width, lens
 
 
 def feed_pile(d: Decoding, mtp: Draft | None, rows: Rows, K: int, width: int) -> float:
@@ -153,9 +159,12 @@ def feed_pile(d: Decoding, mtp: Draft | None, rows: Rows, K: int, width: int) ->
     return fed
 
 
-def trace_step(mtp: Draft, rows: Rows, K: int, num_accepted, p, q_own) -> dict:
+def trace_step(mtp: Draft, rows: Rows, K: int, num_accepted, p, q_own, lens=None) -> dict:
     """token_stats of every draft position the acceptance walk examined, with its row, depth and outcome."""
-    examined = torch.arange(K, device=p.device).unsqueeze(0) <= num_accepted.unsqueeze(1)  # [B, K] reached in the walk
+    depth = torch.arange(K, device=p.device).unsqueeze(0)
+    examined = depth <= num_accepted.unsqueeze(1)  # [B, K] reached in the walk
+    if lens is not None:  # (a row's drafts past its own length were never verified)
+        examined &= depth < lens.to(p.device).unsqueeze(1)
     ts = token_stats(p[:, :K], mtp.full_vocab(q_own))
     r_idx, d_idx = examined.nonzero(as_tuple=True)
     return {"row": torch.tensor(rows.request, device=r_idx.device)[r_idx], "depth": d_idx, "accepted": num_accepted[r_idx] > d_idx,
@@ -221,28 +230,28 @@ def decode(d: Decoding, target: Decoder, mtp: Draft | None, params: SamplingPara
         rows = sched.rows
         n_rows = len(rows)
         started = time.perf_counter()
-        K, width = choose_step_draft_len(d, rows, max_new_tokens)
+        K, width, lens = choose_step_draft_len(d, rows, max_new_tokens)
         fed = feed_pile(d, mtp, rows, K, width)
         proposal = kinds = None
         if history is not None:
             proposal, kinds = history_proposal(history, sched, rows, K, max_new_tokens, d.costs)
-            K = proposal[0].shape[1]
+            K, lens = proposal[0].shape[1], proposal[1]
         requests = list(rows.request)
         step_tokens, num_accepted, p, q_own = speculative_step(target, mtp, rows, d.cache, d.mcache, K, params,
-                                                               greedy, d.vocab_ids, proposal)
+                                                               greedy, d.vocab_ids, proposal, lens)
         if d.acceptance is not None:
-            d.acceptance.update(K, num_accepted)
+            d.acceptance.update(K, num_accepted, lens)
         if kinds is not None and K:
             history.observe(kinds, num_accepted.tolist())
         if K:  # plain decoding makes no speculative steps
-            stats.count_step(K, num_accepted, None if proposal is None else proposal[1])
+            stats.count_step(K, num_accepted, lens)
             if trace and mtp is not None:
-                traced.append(trace_step(mtp, rows, K, num_accepted, p, q_own))
+                traced.append(trace_step(mtp, rows, K, num_accepted, p, q_own, lens))
         finished = sched.record(step_tokens, num_accepted, p)  # (its .tolist() waits for an accelerator)
         if history is not None and history.learn:
             record_history(history, sched, requests, recordings)
-        if d.costs is not None:  # (a history draft's rows each verify their own number of drafts)
-            drafts = None if proposal is None or not K else int(proposal[1].sum())
+        if d.costs is not None:  # (rows that verified their own numbers of drafts: a ragged step)
+            drafts = None if lens is None or not K else int(lens.sum())
             d.costs.record(n_rows, K, time.perf_counter() - started - fed, drafts)
         free = sched.fill(finished)
     sched.bar.close()

@@ -10,8 +10,10 @@
 K = 0 is a plain decoding step: verify one token, sample from p_1. Plain steps only pile their positions up for
 the draft (`Rows`), fed to it by `catch_up` when drafting resumes.
 Every row draws its uniforms from its own generator, 2K + 1 per step, so with a fixed K a request's output
-depends neither on the other rows nor on when it joined. A draft that is not a model (bebop.drafts.history)
-proposes instead of step 1, with its own length per row: k_r + 1 uniforms for row r, padding past k_r.
+depends neither on the other rows nor on when it joined. Rows may verify their own numbers of drafts k_r <= K
+(`draft_lens`, chosen before the step): a model drafts K for every row and row r draws 2 k_r + 1 uniforms, its
+drafts past k_r being padding; a draft that is not a model (bebop.drafts.history) proposes instead of step 1,
+k_r + 1 uniforms for row r.
 """
 
 from dataclasses import dataclass
@@ -101,16 +103,20 @@ class Rows:
         self.pile_count = self.pile_count + 1
 
 
-def row_uniforms(gens: list[torch.Generator], K: int, draft_lens: torch.Tensor | None) -> torch.Tensor:
+def row_uniforms(gens: list[torch.Generator], K: int, draft_lens: torch.Tensor | None,
+                 sampled: bool = True) -> torch.Tensor:
     """[B, 2K+1] uniforms: K to draft, K to accept, one for the last token. Every row draws from its own
-    generator: 2K+1 for a model's drafts; k_r + 1 for the k_r proposed drafts of a draft that samples nothing
-    (`draft_lens`; to accept, then the last token), placed at the same columns (the others are 0, unused).
+    generator: 2K+1, or with a length per row (`draft_lens`) 2k_r + 1 for a model's k_r drafts and k_r + 1 for
+    those of a draft that samples nothing (not `sampled`: to accept, then the last token), placed at the same
+    columns (the others are 0: padding, never verified).
     The generators live on the CPU whatever the model's device, so a seed gives the same uniforms everywhere."""
     if draft_lens is None:
         return torch.stack([torch.rand(2 * K + 1, generator=g, dtype=torch.float64) for g in gens])
     u = torch.zeros(len(gens), 2 * K + 1, dtype=torch.float64)
     for r, (g, k) in enumerate(zip(gens, draft_lens.tolist())):
-        drawn = torch.rand(k + 1, generator=g, dtype=torch.float64)
+        drawn = torch.rand(2 * k + 1 if sampled else k + 1, generator=g, dtype=torch.float64)
+        if sampled:
+            u[r, :k], drawn = drawn[:k], drawn[k:]
         u[r, K:K + k], u[r, 2 * K] = drawn[:k], drawn[k]
     return u
 
@@ -127,16 +133,21 @@ def verify_probabilities(target: Decoder, hidden, params: SamplingParams, valid)
 
 
 def speculative_step(target: Decoder, mtp: Draft | None, rows: Rows, cache, mcache, K: int, params: SamplingParams,
-                     greedy: bool, vocab_ids, proposal: tuple[torch.Tensor, torch.Tensor] | None = None):
+                     greedy: bool, vocab_ids, proposal: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     draft_lens: torch.Tensor | None = None):
     """One step for every row: draft K tokens, verify them in one target forward, accept a prefix by rejection
     sampling, commit it (K = 0: a plain decoding step). Returns the step's tokens [B, K+1] (-1 past each row's
     accepted drafts and its one corrected or bonus token), num_accepted [B], the target's distributions
     p [B, K+1, V] and the MTP's own q [B, K, Vd] (None without drafts).
+    draft_lens [B]: each row verifies only its first k_r <= K of the model's drafts (None: all K).
     proposal: drafts [B, K] and a draft length per row [B] from a draft that is not a model (mtp None; e.g.
     bebop.drafts.history), proposed with q one-hot; each row's drafts past its length are padding."""
     B, device = len(rows), rows.pending.device
-    draft_lens = None if proposal is None else proposal[1]
-    u = row_uniforms(rows.gen, K, draft_lens).to(device, non_blocking=True)  # [B, 2K+1]
+    if proposal is not None:
+        draft_lens = proposal[1]
+    u = row_uniforms(rows.gen, K, draft_lens, sampled=proposal is None).to(device, non_blocking=True)  # [B, 2K+1]
+    if draft_lens is not None:
+        draft_lens = draft_lens.to(device)
     # 1. draft: the MTP catches up on the pile, which yields draft 1, then recurses for drafts 2..K
     q_own = None
     if proposal is not None:

@@ -76,9 +76,21 @@ def assert_exact_and_like_ar(model, gen, exact, ar, label):
     assert two_sample(pairs(toks), pairs(ref)) > P_OK, f"{label} tokens (1, 2) vs ar"
 
 
-def scheduled(monkeypatch, schedule):
-    """Make "auto" follow `schedule` (cycled, capped as the engine caps it) instead of the cost model."""
-    it = iter(schedule * 1000)
+def scheduled(monkeypatch, schedule, per_row=None):
+    """Make "auto" follow `schedule` (cycled, capped as the engine caps it) instead of the cost model: the whole
+    batch's K step by step; with per_row="cycled" each row the next entry in turn; with per_row="own" each row
+    its own k_r from its own progress (schedule[remaining tokens % len], at most remaining - 1), so a row's
+    lengths do not depend on the other rows."""
+    it = iter(schedule * 100000)
+
+    def row_lens(row_alphas, remaining, costs, fixed_costs, k, *args):
+        if per_row == "own":
+            return np.array([min(schedule[r % len(schedule)], k, r - 1) for r in remaining.tolist()])
+        if per_row == "cycled":
+            return np.array([min(next(it), k) for _ in remaining])
+        return np.full(len(remaining), min(next(it), k))
+
     monkeypatch.setattr(autodraft, "step_costs", lambda target, mtp, batch, max_k: [1.0] * (max_k + 1))
     monkeypatch.setattr(engine, "choose_draft_len", lambda alphas, costs, k, drain=None: min(next(it), k))
+    monkeypatch.setattr(engine, "choose_row_draft_lens", row_lens)
     monkeypatch.setattr(autodraft.StepCosts, "wants_baseline", lambda self, batch: False)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import bebop.engine.draft_len as autodraft
-from bebop.engine.draft_len import Acceptance, bucket, choose_draft_len, drain_seconds, step_costs, time_per_token
+from bebop.engine.draft_len import (Acceptance, bucket, choose_draft_len, choose_row_draft_lens, drain_seconds, step_costs,
+                                   time_per_token)
 from bebop.engine.generation import generate
 from bebop.models.registry import chat_ids
 from bebop.drafts.mtp import new_mtp
@@ -91,6 +92,77 @@ def test_drain_time_matches_a_simulated_batch(rows, remaining, K, mixed, spread)
     assert float(predicted[0]) == pytest.approx(remaining * (a + b * rows))  # plain decoding: every row in step
     per_token = float(time_per_token(alphas.mean(0), costs, K)[K]) * remaining
     assert total / reps - per_token > 0.5 * (float(predicted[K]) - per_token)  # the tail is real, not a rounding
+
+
+def simulated_drain(choose, alphas, remaining, a, b, K, seed=0, reps=100):
+    """Mean seconds until the last row finishes when every step each row drafts what `choose(alphas, left)` [n]
+    gives it (its drafts accepted with their chain alphas), a step costing a[K] + sum_r b[k_r] over the rows
+    still running (K the deepest k_r)."""
+    gen = torch.Generator().manual_seed(seed)
+    total = 0.0
+    for _ in range(reps):
+        left = remaining.clone()
+        while (left > 0).any():
+            alive = (left > 0).nonzero().squeeze(1)
+            k = torch.as_tensor(choose(alphas[alive], left[alive]), dtype=torch.long)
+            total += a[int(k.max())] + sum(b[int(x)] for x in k)
+            draws = torch.rand(len(alive), K, generator=gen, dtype=torch.float64) < alphas[alive]
+            accepted = (draws & (torch.arange(K) < k.unsqueeze(1))).long().cumprod(1).sum(1)
+            left[alive] -= 1 + accepted
+    return total / reps
+
+
+def step_costs_ab(a, b, n, K):
+    return [a[k] + b[k] * n for k in range(K + 1)], [a[k] + b[k] for k in range(K + 1)]
+
+
+@pytest.mark.parametrize("low,tail", [(1.0, False), (0.6, False), (0.3, True)])
+def test_rows_drafting_their_own_lengths_drain_no_slower_than_one_length_for_all(low, tail):
+    """Per-row lengths against the one K of the batch (choose_draft_len's drain rule) and plain decoding, on a
+    simulated batch whose step has a large fixed part (as a CPU or GPU step at small batch): 16 rows, half of
+    which accept `low` times as much; with `tail`, one row is far behind the others (the long tail of a
+    rollout)."""
+    K, n = 3, 16
+    alphas = torch.tensor([0.8, 0.75, 0.7], dtype=torch.float64).repeat(n, 1)
+    alphas[::2] *= low
+    remaining = torch.full((n,), 24)
+    if tail:
+        remaining[1] = 96
+    a, b = [1.0, 1.08, 1.16, 1.24], [0.03, 0.045, 0.06, 0.075]
+
+    def per_row(al, left):
+        costs, fixed = step_costs_ab(a, b, len(left), K)
+        return choose_row_draft_lens(al, left, costs, fixed, K)
+
+    def uniform(al, left):
+        costs, fixed = step_costs_ab(a, b, len(left), K)
+        return [choose_draft_len(al.mean(0), costs, K, (al, None, left, fixed, 0.0))] * len(left)
+
+    plain = simulated_drain(lambda al, left: [0] * len(left), alphas, remaining, a, b, K)
+    one_k = simulated_drain(uniform, alphas, remaining, a, b, K)
+    own = simulated_drain(per_row, alphas, remaining, a, b, K)
+    assert own < 0.95 * plain and own < 1.03 * one_k  # (the plan is a heuristic: within 3% where rows are alike)
+    if tail:  # the rows ahead need not draft: only the one behind decides when the batch is done
+        assert own < 0.95 * one_k
+
+
+def test_row_draft_lengths_go_where_they_pay():
+    K, n = 3, 8
+    a, b = [1.0, 1.15, 1.3, 1.45], [0.03, 0.06, 0.09, 0.12]
+    costs, fixed = step_costs_ab(a, b, n, K)
+    sure = torch.full((n, K), 0.9, dtype=torch.float64)
+    remaining = torch.tensor([2, 3, 40, 40, 40, 40, 40, 40])
+    lens = choose_row_draft_lens(sure, remaining, costs, fixed, K)
+    assert lens.max() > 0 and all(k <= max(r - 1, 0) for k, r in zip(lens.tolist(), remaining.tolist()))
+    assert choose_row_draft_lens(torch.full((n, K), 0.05, dtype=torch.float64), remaining, costs, fixed, K).max() == 0
+    dear = step_costs_ab([1.0, 3.0, 5.0, 7.0], b, n, K)
+    assert choose_row_draft_lens(sure, remaining, *dear, K).max() == 0  # accepted, but dearer than it gains
+    # one row: the uniform drain rule, whose every K it weighs alike
+    for alpha in (0.3, 0.6, 0.9):
+        one = torch.full((1, K), alpha, dtype=torch.float64)
+        c, f = step_costs_ab(a, b, 1, K)
+        assert choose_row_draft_lens(one, torch.tensor([40]), c, f, K).tolist() == \
+            [choose_draft_len(one[0], c, K, (one, None, torch.tensor([40]), f, 0.0))]
 
 
 def test_row_spread_is_measured_from_the_rows_and_shrinks_with_their_evidence():

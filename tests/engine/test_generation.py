@@ -454,6 +454,46 @@ def test_auto_draft_len_changing_every_step_is_exact(sharp, mode, monkeypatch):
         assert two_sample(toks[:, j], ref[:, j]) > P_OK, f"{mode} token {j} vs ar"
 
 
+@pytest.mark.parametrize("mode", ["spec", "spec-greedy"])
+def test_rows_drafting_their_own_lengths_of_a_models_drafts_is_exact(sharp, mode, monkeypatch):
+    """A draining batch's rows each verify their own k_r of the model's K drafts (padding past k_r): the tokens
+    are still the target's, and like plain sampling's. Every row drafts 1 or 2, so a wrong rule shows from
+    token 1 on (drawing the acceptance uniforms from the drafting ones: p = 3e-5 there)."""
+    model, mtp, prompt, exact, ar = sharp
+    scheduled(monkeypatch, [2, 1, 2], per_row="cycled")
+    ragged = []
+    real_step = engine.speculative_step
+    def spy(*args):
+        lens = args[-1]
+        ragged.append(lens is not None and len(set(lens.tolist())) > 1)
+        return real_step(*args)
+    monkeypatch.setattr(engine, "speculative_step", spy)
+    gen = generate(model, [prompt] * ROWS, 5, SHARP, mode=mode, draft=mtp, draft_len="auto", max_draft_len=2,
+                   seed=16, eos_ids=[])
+    assert any(ragged) and gen.stats.accepted > 0
+    assert 0 < gen.stats.acceptance_rate < 0.95
+    toks, ref = token_matrix(gen)[:, :3], token_matrix(ar)
+    for j in range(3):
+        assert gof(toks[:, j], exact[j]) > P_OK, f"{mode} token {j} vs exact"
+        assert two_sample(toks[:, j], ref[:, j]) > P_OK, f"{mode} token {j} vs ar"
+
+
+@pytest.mark.parametrize("mode", ["spec", "spec-greedy"])
+def test_a_row_drafting_its_own_lengths_is_independent_of_the_batch(warm, mode, monkeypatch):
+    """With each row's k_r a function of its own progress, a request's tokens are those it gets alone: its
+    uniforms (2 k_r + 1 a step) come from its own generator whatever the other rows draft."""
+    model, mtp, tok = warm
+    scheduled(monkeypatch, [3, 0, 2, 1], per_row="own")
+    prompts = [chat_ids(tok, t) for t in TEXTS]
+    seeds = [101, 7, 55, 3][:len(prompts)]
+    kw = dict(params=SamplingParams(temperature=1.0), mode=mode, draft=mtp, draft_len="auto", max_draft_len=3,
+              eos_ids=[])
+    batch = generate(model, prompts, 16, seed=seeds, **kw)
+    assert batch.stats.steps > 0
+    for i, p in enumerate(prompts):
+        assert generate(model, [p], 16, seed=[seeds[i]], **kw).rollouts[0].tokens == batch.rollouts[i].tokens, i
+
+
 def test_auto_choosing_zero_is_plain_decoding(warm, monkeypatch):
     """K = 0 in a spec mode draws the same uniforms as ar: the same tokens, and no speculative steps."""
     model, mtp, tok = warm
