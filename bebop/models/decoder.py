@@ -273,6 +273,11 @@ class Decoder(nn.Module):
     def rope(self, positions):
         return self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
 
+    def packs(self, cache: KVCache) -> bool:
+        """Whether a step whose rows verify different numbers of drafts skips the padding's per-token work
+        (eager over a plain cache: Packed) rather than paying for the whole padded step."""
+        return not cache.paged and not self.compiled
+
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, cache: KVCache, capture: tuple[int, ...] = (),
                 valid: torch.Tensor | None = None):
@@ -288,7 +293,7 @@ class Decoder(nn.Module):
         tokens only (Packed); compiled or paged, on all of them (the padding's cache entries then lie past the
         row's length, as rejected drafts' do)."""
         positions, bias = step_positions(cache, tokens.shape[1], self.cfg.n_heads)
-        if valid is not None and not bool(valid.all()) and not cache.paged and not self.compiled:
+        if valid is not None and not bool(valid.all()) and self.packs(cache):
             packed = Packed.of(valid, bias)
             out = run_layers(self, tokens, cache.k, cache.v, positions, bias, capture, packed)
             return (packed.unpack(out[0]), packed.unpack(torch.cat(out[1], -1))) if capture else packed.unpack(out)

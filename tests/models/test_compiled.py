@@ -10,7 +10,6 @@ step: tests/test_engine.py."""
 import copy
 import itertools
 
-import numpy as np
 import pytest
 import torch
 
@@ -182,10 +181,9 @@ def test_a_generation_after_the_warm_up_compiles_nothing(tiny_qwen3, mode, tmp_p
     compiled.warm_up(model, len(prompts), 4, draft.feature_layers if mode != "ar" else ())
     graphs = counters["stats"]["unique_graphs"]
     K = "auto" if mode == "spec-auto" else 3
-    if K == "auto":  # rows of their own lengths, every K from 0 to 3 in turn (the batch drains: one request a row)
+    if K == "auto":  # every K from 0 to 3 in turn
+        monkeypatch.setattr(engine, "choose_draft_len", lambda *a, **k: next(ks))
         ks = itertools.cycle(range(4))
-        monkeypatch.setattr(engine, "choose_row_draft_lens",
-                            lambda row_alphas, remaining, costs, fixed, k, *a: np.array([min(next(ks), k) for _ in remaining]))
     for n in (12, 30):  # two cache lengths
         generate(model, prompts, n, mode=mode.removesuffix("-auto"), draft=draft, draft_len=K, max_draft_len=3,
                  seed=n, eos_ids=[], max_batch=len(prompts))
