@@ -12,6 +12,7 @@ from bebop.sampling import SamplingParams
 MAX_DRAFT_LEN = 64  # far beyond any useful draft; bounds the per-step buffers
 RANDOM_DRAFTS = ("random", "random-eagle3")
 HISTORY_DRAFT = "history"  # --draft history: drafts read from earlier rollouts (bebop.drafts.history), no file
+HYBRID_DRAFT = "hybrid"  # --draft hybrid: the model's trained draft and a history draft, per row (bebop.drafts.hybrid)
 
 
 def number_list(text: str, kind=int, minimum=1) -> list:
@@ -88,7 +89,7 @@ def check_output_dir(path, flag):
 def check_mtp_file(spec, flag="--draft"):
     """A given MTP checkpoint or EAGLE-3 directory must exist, whatever the mode ('random' is a name, not a
     file)."""
-    if spec is None or spec in RANDOM_DRAFTS or spec == HISTORY_DRAFT:
+    if spec is None or spec in RANDOM_DRAFTS or spec in (HISTORY_DRAFT, HYBRID_DRAFT):
         return
     check_text(spec, flag)
     path = Path(spec)

@@ -1,7 +1,8 @@
 """The model and draft a command names (--model, --draft), loaded."""
 
-from bebop.cli.checks import HISTORY_DRAFT
+from bebop.cli.checks import HISTORY_DRAFT, HYBRID_DRAFT
 from bebop.drafts.history import HistoryDraft
+from bebop.drafts.hybrid import HybridDraft
 from bebop.drafts.registry import load_draft, new_draft, trained_draft
 from bebop.errors import BebopError
 from bebop.models.registry import compile_mode, load_model
@@ -18,10 +19,11 @@ def pick_mtp(spec: str | None, model, need_trained=True):
     """--draft: a checkpoint path or EAGLE-3 directory, 'random' / 'random-eagle3' (seeded fresh drafts), or None:
     the model's shipped trained draft. Without one, None is refused when `need_trained` (a random draft would
     silently slow speculative decoding down), else a seeded random draft (one that an online strategy trains).
-    A draft model only: 'history' is no model (`load` takes it)."""
-    if spec == HISTORY_DRAFT:
-        raise BebopError("--draft history drafts in generate, bench, check-exactness and rl only; this command needs a "
-                         "draft model (a checkpoint, an EAGLE-3 directory, 'random' or 'random-eagle3')")
+    A draft model only: 'history' is no model and 'hybrid' more than one (`load` takes them)."""
+    if spec in (HISTORY_DRAFT, HYBRID_DRAFT):
+        where = "generate, bench, check-exactness and rl" if spec == HISTORY_DRAFT else "generate, bench and check-exactness"
+        raise BebopError(f"--draft {spec} drafts in {where} only; this command needs a draft model (a checkpoint, an "
+                         "EAGLE-3 directory, 'random' or 'random-eagle3')")
     if spec == "random":
         return new_draft(model, "mtp")
     if spec == "random-eagle3":
@@ -40,12 +42,16 @@ def compile_arg(args) -> str:
 
 
 def load(args, need_mtp=True):
-    """(model, tokenizer, draft) from --model / --draft: a draft model (pick_mtp) or, for --draft history, an
+    """(model, tokenizer, draft) from --model / --draft: a draft model (pick_mtp); for --draft history, an
     empty history draft that learns from the rollouts as they are written (a group's samples draft from each
-    other's text)."""
+    other's text); for --draft hybrid, the model's trained draft with such a history (bebop.drafts.hybrid)."""
     model, tok = load_model(args.model, dtype=getattr(args, "dtype", "float32"), compile=compile_arg(args),
                             device=args.device)
     mtp = None
-    if need_mtp:
-        mtp = HistoryDraft() if args.draft == HISTORY_DRAFT else pick_mtp(args.draft, model)
+    if need_mtp and args.draft == HISTORY_DRAFT:
+        mtp = HistoryDraft()
+    elif need_mtp and args.draft == HYBRID_DRAFT:
+        mtp = HybridDraft(pick_mtp(None, model), HistoryDraft())
+    elif need_mtp:
+        mtp = pick_mtp(args.draft, model)
     return model, tok, mtp

@@ -89,8 +89,9 @@ def add_model_args(p, draft=True, dtype=True, compile=True, device=True, compile
         p.add_argument("--draft", default=None, help="the draft: an MTP checkpoint (NAME.safetensors + NAME.json), an EAGLE-3 "
                    "directory (config.json + *.safetensors, as SpecForge writes and `bebop export` writes), 'random' or "
                    "'random-eagle3' (seeded fresh drafts), 'history' (no model: each row drafts what followed its text "
-                   "in the other samples of its prompt, generate/bench/check-exactness); default: the model's shipped trained draft (smollm2-135m: "
-                   "EAGLE-3); a speculative mode on a model without one is refused")
+                   "in the other samples of its prompt, generate/bench/check-exactness), 'hybrid' (the shipped trained "
+                   "draft and a history, each row and step the one that promises more); default: the model's shipped "
+                   "trained draft (smollm2-135m: EAGLE-3); a speculative mode on a model without one is refused")
     if dtype:
         p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="weights and activations for generating (generate, bench, make-data); auto: bfloat16 where a "

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from bebop.drafts.base import Draft, draft_or_old_mtp
-from bebop.drafts.history import NO_TOKEN, HistoryDraft, Recording
+from bebop.drafts.history import NO_TOKEN, HistoryDraft, Proposal, Recording
+from bebop.drafts.hybrid import MODEL_PRIOR, HybridDraft, choose_sources
 from bebop.engine.modes import MODES  # noqa: F401 (here too: engine.generation.MODES)
 from bebop.engine.draft_len import (DRAFT_MARGIN, Acceptance, StepCosts, bucket, choose_draft_len, choose_row_draft_lens,
                                     step_costs_for)
@@ -60,6 +61,7 @@ class Decoding:
     costs: StepCosts | None  # under "auto": probed, then measured
     acceptance: Acceptance | None  # under "auto": past steps' acceptance
     vocab_ids: torch.Tensor | None  # the draft vocabulary's target ids (None: the full vocabulary)
+    packed: bool  # whether rows verifying fewer drafts than others save the padding's work (Decoder.packs)
 
 
 def check_arguments(target: Decoder, prompts, max_new_tokens: int, mode: str, mtp: Draft | HistoryDraft | None, draft_len,
@@ -114,34 +116,39 @@ def set_up(target: Decoder, mtp: Draft | None, prompts, max_new_tokens: int, par
     sched = Scheduler(target, mtp, prompts, rollouts, max_new_tokens, params, seed, cache, mcache,
                       set(target.eos_ids if eos_ids is None else eos_ids), acceptance, on_finish, progress, mode)
     sched.stats.draft_len, sched.stats.accepted_at = K_max, [0] * K_max
-    return Decoding(sched, cache, mcache, max_len, K_max, costs, acceptance, vocab_ids)
+    return Decoding(sched, cache, mcache, max_len, K_max, costs, acceptance, vocab_ids, target.packs(cache))
 
 
-def choose_step_draft_len(d: Decoding, rows: Rows, max_new_tokens: int) -> tuple[int, int, torch.Tensor | None]:
-    """0. The step's draft length K, the used width of the draft's pile and, where rows draft their own
-    numbers, each row's k_r <= K [B] (None: K for every row). Everything here is known before the step: the
-    caches' room, past acceptance and the measured cost, never what the target computes in this step, so the
-    step stays exact for any K."""
+def choose_step_draft_len(d: Decoding, rows: Rows, max_new_tokens: int) -> tuple[int, int, torch.Tensor | None, int]:
+    """0. The step's draft length K, the used width of the draft's pile, where rows draft their own numbers
+    each row's k_r <= K [B] (None: K for every row), and the most the caches leave room for. Everything here is
+    known before the step: the caches' room, past acceptance and the measured cost, never what the target
+    computes in this step, so the step stays exact for any K."""
     K = min(d.K_max, d.max_len - 1 - int(d.cache.lengths.max()))  # the target writes positions len..len+K
     width = int(rows.pile_count.max()) if d.mcache is not None else 0  # what a catch-up writes per row
     if d.mcache is not None and int(d.mcache.lengths.max()) + width > d.max_len:
         K = 0  # the MTP's catch-up would not fit either (only at the very end of the context)
-    lens = None
-    if d.acceptance is not None and K > 0:  # (a history draft chooses from its proposals: history_proposal)
+    room, lens = K, None
+    if d.acceptance is not None and d.costs is not None and K > 0:  # (a history draft chooses from its proposals)
         n_rows = len(rows)
         K = min(K, int((max_new_tokens - rows.n_out).max()) - 1)  # tokens past every row's limit are wasted
         if K > 0 and d.costs.wants_baseline(n_rows):  # plain steps first: what drafting must beat, measured
             K = 0
         elif K > 0:  # drafting after plain steps first feeds the MTP what they piled up (the backlog)
             backlog = d.costs.catch_up_seconds(n_rows * (width - 1))
+            drain = (d.acceptance.row_alphas(), d.acceptance.row_spread(), max_new_tokens - rows.n_out,
+                     d.costs(1), backlog)
             if d.sched.queue:  # rows are refilled: the K with the least time per token
                 K = choose_draft_len(d.acceptance.alphas(), d.costs(n_rows), K)
+            elif not d.packed:  # a padded verify costs every row K drafts: one K for all
+                K = choose_draft_len(d.acceptance.alphas(), d.costs(n_rows), K, drain)
             else:  # the batch drains: each row its own k_r, which the rows that would finish last need most
-                per_row = choose_row_draft_lens(d.acceptance.row_alphas(), max_new_tokens - rows.n_out,
-                                                d.costs(n_rows), d.costs(1), K, d.acceptance.row_spread(), backlog)
+                row_alphas, row_spread, remaining, fixed_costs, _ = drain
+                per_row = choose_row_draft_lens(row_alphas, remaining, d.costs(n_rows), fixed_costs, K, row_spread,
+                                                backlog)
                 K = int(per_row.max())
                 lens = torch.from_numpy(per_row) if K and (per_row != K).any() else None
-    return K, width, lens
+    return K, width, lens, room
 
 
 def feed_pile(d: Decoding, mtp: Draft | None, rows: Rows, K: int, width: int) -> float:
@@ -192,6 +199,37 @@ def history_proposal(history: HistoryDraft, sched: Scheduler, rows: Rows, K: int
     return (drafts.to(dev), lens.to(dev)), [p.kinds[:k] for p, k in zip(proposed, keep)]
 
 
+def hybrid_plan(d: Decoding, history: HistoryDraft, rows: Rows, K: int, lens: torch.Tensor | None, room: int,
+                max_new_tokens: int):
+    """A hybrid draft's step (bebop.drafts.hybrid): each row's proposal from the history (up to `room`, none
+    past its token limit) against the trained draft's plan (K, lens), the row drafting from the source that
+    promises more. The trained draft's promise: its running acceptance per depth under auto, else MODEL_PRIOR
+    per depth. Where the trained draft's plan is a plain step, the history's drafts are kept only where they pay
+    for the drafting step (drafts_worth_verifying). Returns K, every row's length [B] (None: K each), the
+    history's rows (drafts [B, K] and a mask [B]; None if no row takes them) and their kinds (for observe)."""
+    B = len(rows)
+    room_rows = (max_new_tokens - 1 - rows.n_out).clamp(0, room).tolist()
+    proposed = [history.propose(d.sched.prompts[i], d.sched.out[i].tokens, k) for i, k in zip(rows.request, room_rows)]
+    model_lens = [K] * B if lens is None else lens.tolist()
+    alphas = d.acceptance.row_alphas().numpy() if d.acceptance is not None else np.full((B, max(room, 1)), MODEL_PRIOR)
+    from_history = choose_sources(proposed, np.cumprod(alphas, -1), model_lens)
+    if K == 0 and d.costs is not None and any(from_history):  # drafting only for the history: worth its cost?
+        worth = [0] * B if d.costs.wants_baseline(B) else \
+            drafts_worth_verifying([p.chances if h else [] for p, h in zip(proposed, from_history)], d.costs, B)
+        proposed = [Proposal(p.tokens[:k], p.chances[:k], p.kinds[:k]) for p, k in zip(proposed, worth)]
+        from_history = [h and k > 0 for h, k in zip(from_history, worth)]
+    if not any(from_history):
+        return K, lens, None, None
+    new_lens = [len(p.tokens) if h else k for p, h, k in zip(proposed, from_history, model_lens)]
+    K = max(new_lens)
+    drafts = torch.full((B, K), NO_TOKEN, dtype=torch.long)
+    for r, (p, h) in enumerate(zip(proposed, from_history)):
+        if h:
+            drafts[r, :len(p.tokens)] = torch.tensor(p.tokens, dtype=torch.long)
+    kinds = [p.kinds if h else [] for p, h in zip(proposed, from_history)]
+    return K, torch.tensor(new_lens), (drafts, torch.tensor(from_history)), kinds
+
+
 def drafts_worth_verifying(chances: list[list[float]], costs: StepCosts, batch: int) -> list[int]:
     """How many of its proposed drafts each row verifies, from each draft's chance that it and the row's drafts
     before it are all accepted (a row's chances fall along its proposal). Verifying n drafts across the batch
@@ -223,29 +261,33 @@ def record_history(history: HistoryDraft, sched: Scheduler, requests: list[int],
 def decode(d: Decoding, target: Decoder, mtp: Draft | None, params: SamplingParams, greedy: bool,
            max_new_tokens: int, trace: bool, history: HistoryDraft | None = None) -> list[dict]:
     """Step every active row until every request has finished; returns the traced steps (when `trace`).
-    With a history draft (mtp None), each row drafts what the history proposes for it."""
+    With a history draft (mtp None), each row drafts what the history proposes for it; with both (a hybrid
+    draft), each row drafts from the one that promises more (hybrid_plan)."""
     sched, stats, traced, recordings = d.sched, d.sched.stats, [], {}
     free = sched.fill(range(len(sched.rows)))
     while not free or sched.compact(free):
         rows = sched.rows
         n_rows = len(rows)
         started = time.perf_counter()
-        K, width, lens = choose_step_draft_len(d, rows, max_new_tokens)
+        K, width, lens, room = choose_step_draft_len(d, rows, max_new_tokens)
+        proposal = kinds = history_rows = None
+        if history is not None and mtp is not None and room:  # a hybrid draft: each row its own source
+            K, lens, history_rows, kinds = hybrid_plan(d, history, rows, K, lens, room, max_new_tokens)
         fed = feed_pile(d, mtp, rows, K, width)
-        proposal = kinds = None
-        if history is not None:
+        if history is not None and mtp is None:
             proposal, kinds = history_proposal(history, sched, rows, K, max_new_tokens, d.costs)
             K, lens = proposal[0].shape[1], proposal[1]
         requests = list(rows.request)
         step_tokens, num_accepted, p, q_own = speculative_step(target, mtp, rows, d.cache, d.mcache, K, params,
-                                                               greedy, d.vocab_ids, proposal, lens)
-        if d.acceptance is not None:
-            d.acceptance.update(K, num_accepted, lens)
+                                                               greedy, d.vocab_ids, proposal, lens, history_rows)
+        from_history = None if history_rows is None else history_rows[1]
+        if d.acceptance is not None:  # (the trained draft's acceptance: its own rows only)
+            d.acceptance.update(K, num_accepted, lens if from_history is None else lens * ~from_history)
         if kinds is not None and K:
             history.observe(kinds, num_accepted.tolist())
         if K:  # plain decoding makes no speculative steps
-            stats.count_step(K, num_accepted, lens)
-            if trace and mtp is not None:
+            stats.count_step(K, num_accepted, lens, from_history)
+            if trace and mtp is not None and from_history is None:  # (q_own is the trained draft's)
                 traced.append(trace_step(mtp, rows, K, num_accepted, p, q_own, lens))
         finished = sched.record(step_tokens, num_accepted, p)  # (its .tolist() waits for an accelerator)
         if history is not None and history.learn:
@@ -260,7 +302,7 @@ def decode(d: Decoding, target: Decoder, mtp: Draft | None, params: SamplingPara
 
 @torch.inference_mode()
 def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams = SamplingParams(),
-             mode: str = "spec", draft: Draft | HistoryDraft | None = None, draft_len: int | str = "auto", seed: int | list[int] = 0,
+             mode: str = "spec", draft: Draft | HistoryDraft | HybridDraft | None = None, draft_len: int | str = "auto", seed: int | list[int] = 0,
              eos_ids: list[int] | None = None, trace: bool = False, progress: bool = False, *,
              max_batch: int | None = None, max_draft_len: int = DEFAULT_MAX_DRAFT_LEN,
              on_finish: Callable[[int, Rollout], None] | None = None, mtp: Draft | None = None) -> Generation:
@@ -270,7 +312,8 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     model's shipped one), "spec-greedy" or "ar" (plain sampling, no draft). `mtp=` is the old name of `draft=`.
     draft_len: K, or "auto" (K in 0..max_draft_len chosen every step by cost, bebop.engine.draft_len).
     A HistoryDraft (bebop.drafts.history) drafts each row's own proposal, up to K (or max_draft_len under
-    "auto"), and, if it learns, is fed the rollouts as they are written.
+    "auto"), and, if it learns, is fed the rollouts as they are written. A HybridDraft (bebop.drafts.hybrid)
+    drafts each row from its trained draft or its history, whichever promises more accepted tokens.
     max_batch: rows decoded at once (None: all requests); a finished row takes the next waiting request.
     on_finish(index, rollout) is called once per request as soon as it finishes.
     With a fixed K a request's tokens depend only on its prompt, seed and the settings; with "auto" only
@@ -279,8 +322,8 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     K_max, spec = check_arguments(target, prompts, max_new_tokens, mode, draft, draft_len, seed, max_batch,
                                   max_draft_len)
     draft = draft if spec else None
-    history = draft if isinstance(draft, HistoryDraft) else None
-    draft = None if history is not None else draft
+    history = draft if isinstance(draft, HistoryDraft) else draft.history if isinstance(draft, HybridDraft) else None
+    draft = draft.model if isinstance(draft, HybridDraft) else None if history is not None else draft
     auto = spec and draft_len == "auto"
     d = set_up(target, draft, prompts, max_new_tokens, params, mode, K_max, auto, seed, eos_ids, max_batch,
                on_finish, progress, history)

@@ -21,6 +21,8 @@ class SpecStats:
     accepted_at: list[int] = field(default_factory=list)  # steps in which draft i was accepted
     tokens: int = 0
     entropy_sum: float | None = 0.0  # None: not measured (vLLM)
+    history_drafted: int = 0  # of `drafted`, those a hybrid draft took from its history
+    history_accepted: int = 0  # of `accepted`, those
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -46,11 +48,17 @@ class SpecStats:
         return {"acceptance_rate": self.acceptance_rate, "mean_acceptance_length": self.mean_acceptance_length,
                 "per_position_acceptance": self.per_position_acceptance, "mean_entropy": self.mean_entropy,
                 "mean_draft_len": self.mean_draft_len, "drafted": self.drafted, "accepted": self.accepted,
-                "steps": self.steps, "tokens": self.tokens}
+                "steps": self.steps, "tokens": self.tokens, "history_drafted": self.history_drafted,
+                "history_accepted": self.history_accepted}
 
-    def count_step(self, K: int, num_accepted, draft_lens=None) -> None:
+    def count_step(self, K: int, num_accepted, draft_lens=None, from_history=None) -> None:
         """One speculative step of K drafts over len(num_accepted) rows; num_accepted [B] drafts each kept;
-        draft_lens [B]: each row's own draft length where rows differ (a row with none made a plain step)."""
+        draft_lens [B]: each row's own draft length where rows differ (a row with none made a plain step);
+        from_history [B] (bool): the rows a hybrid draft's history drafted."""
+        if from_history is not None and bool(from_history.any()):
+            lens = draft_lens if draft_lens is not None else num_accepted.new_full(num_accepted.shape, K)
+            self.history_drafted += int(lens[from_history].sum())
+            self.history_accepted += int(num_accepted[from_history].sum())
         if draft_lens is None:
             self.steps += len(num_accepted)
             self.drafted += K * len(num_accepted)
@@ -69,6 +77,8 @@ class SpecStats:
         self.accepted += other.accepted
         self.accepted_at = [a + b for a, b in zip_longest(self.accepted_at, other.accepted_at, fillvalue=0)]
         self.tokens += other.tokens
+        self.history_drafted += other.history_drafted
+        self.history_accepted += other.history_accepted
         unmeasured = self.entropy_sum is None or other.entropy_sum is None
         self.entropy_sum = None if unmeasured else self.entropy_sum + other.entropy_sum
 
@@ -87,7 +97,9 @@ class SpecStats:
         per_position = summary["per_position_acceptance"]
         return cls(draft_len=len(per_position), steps=steps, drafted=summary["drafted"],
                    accepted=summary["accepted"], accepted_at=[a * steps for a in per_position], tokens=tokens,
-                   entropy_sum=None if mean_entropy is None and tokens else (mean_entropy or 0.0) * tokens)
+                   entropy_sum=None if mean_entropy is None and tokens else (mean_entropy or 0.0) * tokens,
+                   history_drafted=summary.get("history_drafted", 0),
+                   history_accepted=summary.get("history_accepted", 0))
 
     @classmethod
     def from_vllm(cls, counters: dict) -> "SpecStats":

@@ -104,16 +104,17 @@ class Rows:
 
 
 def row_uniforms(gens: list[torch.Generator], K: int, draft_lens: torch.Tensor | None,
-                 sampled: bool = True) -> torch.Tensor:
+                 sampled: bool | list[bool] = True) -> torch.Tensor:
     """[B, 2K+1] uniforms: K to draft, K to accept, one for the last token. Every row draws from its own
     generator: 2K+1, or with a length per row (`draft_lens`) 2k_r + 1 for a model's k_r drafts and k_r + 1 for
-    those of a draft that samples nothing (not `sampled`: to accept, then the last token), placed at the same
-    columns (the others are 0: padding, never verified).
+    those of a draft that samples nothing (not `sampled`, for all rows or per row: to accept, then the last
+    token), placed at the same columns (the others are 0: padding, never verified).
     The generators live on the CPU whatever the model's device, so a seed gives the same uniforms everywhere."""
     if draft_lens is None:
         return torch.stack([torch.rand(2 * K + 1, generator=g, dtype=torch.float64) for g in gens])
     u = torch.zeros(len(gens), 2 * K + 1, dtype=torch.float64)
-    for r, (g, k) in enumerate(zip(gens, draft_lens.tolist())):
+    per_row = sampled if isinstance(sampled, list) else [sampled] * len(gens)
+    for r, (g, k, sampled) in enumerate(zip(gens, draft_lens.tolist(), per_row)):
         drawn = torch.rand(2 * k + 1 if sampled else k + 1, generator=g, dtype=torch.float64)
         if sampled:
             u[r, :k], drawn = drawn[:k], drawn[k:]
@@ -134,18 +135,22 @@ def verify_probabilities(target: Decoder, hidden, params: SamplingParams, valid)
 
 def speculative_step(target: Decoder, mtp: Draft | None, rows: Rows, cache, mcache, K: int, params: SamplingParams,
                      greedy: bool, vocab_ids, proposal: tuple[torch.Tensor, torch.Tensor] | None = None,
-                     draft_lens: torch.Tensor | None = None):
+                     draft_lens: torch.Tensor | None = None,
+                     history_rows: tuple[torch.Tensor, torch.Tensor] | None = None):
     """One step for every row: draft K tokens, verify them in one target forward, accept a prefix by rejection
     sampling, commit it (K = 0: a plain decoding step). Returns the step's tokens [B, K+1] (-1 past each row's
     accepted drafts and its one corrected or bonus token), num_accepted [B], the target's distributions
     p [B, K+1, V] and the MTP's own q [B, K, Vd] (None without drafts).
     draft_lens [B]: each row verifies only its first k_r <= K of the model's drafts (None: all K).
+    history_rows: drafts [B, K] and a mask [B] of the rows that verify these instead of the model's drafts,
+    with q one-hot (bebop.drafts.hybrid; draft_lens then gives every row's length).
     proposal: drafts [B, K] and a draft length per row [B] from a draft that is not a model (mtp None; e.g.
     bebop.drafts.history), proposed with q one-hot; each row's drafts past its length are padding."""
     B, device = len(rows), rows.pending.device
     if proposal is not None:
         draft_lens = proposal[1]
-    u = row_uniforms(rows.gen, K, draft_lens, sampled=proposal is None).to(device, non_blocking=True)  # [B, 2K+1]
+    sampled = proposal is None if history_rows is None else (~history_rows[1]).tolist()  # rows whose drafts are q's
+    u = row_uniforms(rows.gen, K, draft_lens, sampled).to(device, non_blocking=True)  # [B, 2K+1]
     if draft_lens is not None:
         draft_lens = draft_lens.to(device)
     # 1. draft: the MTP catches up on the pile, which yields draft 1, then recurses for drafts 2..K
@@ -158,6 +163,13 @@ def speculative_step(target: Decoder, mtp: Draft | None, rows: Rows, cache, mcac
         width = int(rows.pile_count.max())
         drafts, verify_q, q_own = draft(mtp, rows.pile_tokens[:, :width], rows.pile_feats[:, :width],
                                         rows.pile_count, mcache, K, params, greedy, u[:, :K])
+        if history_rows is not None:  # these rows verify the history's drafts, q one-hot over the vocabulary
+            proposed, from_history = history_rows[0].to(device), history_rows[1].to(device)
+            verify_q = mtp.full_vocab(verify_q)  # [B, K, V]
+            one_hot = torch.zeros_like(verify_q).scatter_(-1, proposed.unsqueeze(-1), 1.0)
+            verify_q = torch.where(from_history[:, None, None], one_hot, verify_q)
+            drafts = torch.where(from_history[:, None], proposed, drafts)
+            vocab_ids = None
         tokens = torch.cat([rows.pending.unsqueeze(1), drafts], 1)  # [B, K+1]
     else:
         drafts = verify_q = torch.zeros(B, 0, dtype=torch.long, device=device)

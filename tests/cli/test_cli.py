@@ -92,6 +92,27 @@ def test_a_draft_model_command_refuses_the_history_draft(tmp_path, capsys):
     assert "--draft history drafts in generate, bench, check-exactness and rl only" in err
 
 
+def test_generate_drafts_from_the_trained_draft_and_the_history_per_row(tmp_path, capsys):
+    """--draft hybrid: the shipped draft and a history; the later samples of a prompt draft from the earlier
+    ones' text, the others from the trained draft, and the stats line says how much each drafted."""
+    out = tmp_path / "out.jsonl"
+    main(["generate", "--model", "smollm2-135m", "--draft", "hybrid", "--prompt", "Count to ten.", "--num-samples",
+          "6", "--max-new-tokens", "24", "--max-batch", "2", "--temperature", "0", "--draft-len", "3",
+          "--dtype", "float32", "--output", str(out)])
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) == 6 and len({tuple(x["tokens"]) for x in lines}) == 1  # T = 0: one greedy answer
+    stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert 0 < stats["history_drafted"] < stats["drafted"] and stats["history_accepted"] > 0
+
+
+@pytest.mark.parametrize("argv", [["generate", "--model", "tiny-qwen3", "--draft", "hybrid", "--prompt", "hi"],
+                                  ["rl", "--model", "tiny-llama", "--draft", "hybrid", "--steps", "1"]])
+def test_the_hybrid_draft_is_refused_where_it_cannot_draft(tmp_path, capsys, argv):
+    err = run_error(capsys, argv + ["--out" if argv[0] == "rl" else "--output", str(tmp_path / "x")])
+    assert ("no trained draft for 'tiny-qwen3'" if argv[0] == "generate" else
+            "--draft hybrid drafts in generate, bench and check-exactness only") in err
+
+
 def test_bench_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
     main(["bench", "--model", "tiny-qwen3", "--draft", "random", "--batch-sizes", "1,2", "--modes", "ar,spec,spec-greedy,hf",
