@@ -300,8 +300,9 @@ class Acceptance:
             i = torch.arange(K)
             n = num_accepted.cpu().unsqueeze(1)
             reached, accepted = (n >= i), (n > i)  # draft i+1 was examined / accepted
-            if draft_lens is not None:
+            if draft_lens is not None:  # (a row whose drafts were another source's counts none: k_r = 0)
                 reached &= i < draft_lens.cpu().unsqueeze(1)
+                accepted &= reached
             reached, accepted = reached.double(), accepted.double()
             self.row_reached[:, :K] += reached
             self.row_accepted[:, :K] += accepted

@@ -165,6 +165,16 @@ def test_row_draft_lengths_go_where_they_pay():
             [choose_draft_len(one[0], c, K, (one, None, torch.tensor([40]), f, 0.0))]
 
 
+def test_acceptance_counts_only_the_drafts_a_row_verified_of_its_source():
+    """With a length per row, a row's drafts past k_r were not examined, and a row with k_r = 0 (a plain step,
+    or another source's drafts: a hybrid draft's history) counts nothing, whatever it accepted."""
+    acc = Acceptance(2, rows=3, decay=1.0)
+    acc.update(2, torch.tensor([1, 2, 2]), torch.tensor([1, 2, 0]))
+    assert acc.row_reached.tolist() == [[1, 0], [1, 1], [0, 0]]
+    assert acc.row_accepted.tolist() == [[1, 0], [1, 1], [0, 0]]
+    assert (acc.alphas() <= 1).all()
+
+
 def test_row_spread_is_measured_from_the_rows_and_shrinks_with_their_evidence():
     acc = Acceptance(1, rows=8, decay=1.0, prior_spread=0.25, row_weight=4.0)
     assert acc.row_spread().tolist() == pytest.approx([0.25] * 8)  # no evidence: the prior (the last generation's)
