@@ -1,12 +1,14 @@
 """Rollouts over several epochs of the same RL prompts: plain sampling (`ar`) against the history draft
-(bebop.drafts.history), which learns from every rollout it drafts for, the earlier epochs' and the group's.
+(bebop.drafts.history, which learns from every rollout it drafts for, the earlier epochs' and the group's), the
+model's trained draft alone, and the hybrid of both (bebop.drafts.hybrid: per row and step, the one that
+promises more), all under auto draft lengths.
 
     python examples/history_epochs.py [--task code] [--prompts 2] [--group 8] [--epochs 3] [--max-new-tokens 96]
-        [--temperature 1.0] [--max-draft-len 4] [--out results/bench/history-epochs.json]
+        [--temperature 1.0] [--max-draft-len 4] [--drafts history,model,hybrid] [--out results/bench/history-epochs.json]
 
-Each epoch samples every prompt `group` times (one batch of prompts x group rows, EOS stops) in both modes,
-in alternating order, with the same seeds; time per generated token is compared within the epoch (the
-machine's speed drifts between epochs). The history starts empty: epoch 0 drafts only from the group's text.
+Each epoch samples every prompt `group` times (one batch of prompts x group rows, EOS stops) in every arm, the
+order rotating, with the same seeds; time per generated token is compared within the epoch (the machine's
+speed drifts between epochs). The histories start empty: epoch 0 drafts only from the group's text.
 """
 
 import argparse
@@ -17,6 +19,8 @@ from pathlib import Path
 import torch
 
 from bebop.drafts.history import HistoryDraft
+from bebop.drafts.hybrid import HybridDraft
+from bebop.drafts.registry import trained_draft
 from bebop.engine.draft_len import probe_buckets
 from bebop.engine.generation import generate
 from bebop.models import cpu
@@ -36,42 +40,51 @@ def main():
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--max-draft-len", type=int, default=4)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--drafts", default="history,model,hybrid", help="the speculative arms beside ar")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     model, tok = load_model(args.model, dtype=args.dtype)
     tasks = rl_tasks(args.task, args.prompts, seed=0, split="train")
     prompts = [chat_ids(tok, t.prompt) for t in tasks for _ in range(args.group)]
     params = SamplingParams(temperature=args.temperature)
-    history = HistoryDraft()
+    trained = trained_draft(model)
+    drafts = {"history": lambda: HistoryDraft(), "model": lambda: trained,
+              "hybrid": lambda: HybridDraft(trained, HistoryDraft())}
+    arms = {"ar": None, **{name: drafts[name]() for name in args.drafts.split(",")}}
     machine = f"{cpu.cpu_model()} [{cpu.describe()}], {torch.get_num_threads()} threads, {args.dtype}"
     print(f"{args.model}, {machine}; {len(prompts)} rows ({args.prompts} prompts x {args.group}), T={args.temperature}, "
           f"max_draft_len {args.max_draft_len}", flush=True)
 
-    def run(mode, epoch):
+    def run(arm, epoch):
         start = time.perf_counter()
-        g = generate(model, prompts, args.max_new_tokens, params, mode=mode, draft=history if mode == "spec" else None,
+        g = generate(model, prompts, args.max_new_tokens, params, mode="ar" if arm == "ar" else "spec", draft=arms[arm],
                      draft_len="auto", max_draft_len=args.max_draft_len, seed=1000 + epoch)
         return time.perf_counter() - start, g
 
     # auto's one-off cost probes, at every batch size a draining batch passes through, before anything is timed
-    probe_buckets(model, history, len(prompts), args.max_draft_len)
-    run("spec", -1)  # warm-up (the history is emptied below)
-    history.prompts.clear()
-    epochs = []
+    probe_buckets(model, HistoryDraft(), len(prompts), args.max_draft_len)
+    probe_buckets(model, trained, len(prompts), args.max_draft_len)
+    for arm in arms:  # warm-up (the histories are emptied below)
+        run(arm, -1)
+    for draft in arms.values():
+        history = draft if isinstance(draft, HistoryDraft) else getattr(draft, "history", None)
+        if history is not None:
+            history.prompts.clear()
+    names, epochs = list(arms), []
     for epoch in range(args.epochs):
         out = {}
-        for mode in (["ar", "spec"] if epoch % 2 == 0 else ["spec", "ar"]):
-            seconds, g = run(mode, epoch)
-            out[mode] = {"seconds": seconds, "tokens": g.stats.tokens, **({"stats": g.stats.summary()} if mode == "spec" else {})}
-        per_token = {m: out[m]["seconds"] / out[m]["tokens"] for m in out}
-        row = {"epoch": epoch, **out, "speedup_per_token": per_token["ar"] / per_token["spec"],
-               "history_tokens": sum(h.size for h in history.prompts.values())}
+        for arm in names[epoch % len(names):] + names[:epoch % len(names)]:
+            seconds, g = run(arm, epoch)
+            out[arm] = {"seconds": seconds, "tokens": g.stats.tokens, "stats": g.stats.summary()}
+        per_token = {arm: out[arm]["seconds"] / out[arm]["tokens"] for arm in out}
+        row = {"epoch": epoch, **out, "speedup_per_token": {arm: per_token["ar"] / per_token[arm] for arm in out}}
         epochs.append(row)
-        s = out["spec"]["stats"]
-        print(f"epoch {epoch}: history {row['speedup_per_token']:.2f}x ar per token; acceptance "
-              f"{s['acceptance_rate'] or 0:.2f}, mean acceptance length {s['mean_acceptance_length'] or 1:.2f}, "
-              f"drafts per drafting row-step {s['mean_draft_len'] or 0:.2f}; tokens ar {out['ar']['tokens']} / "
-              f"history {out['spec']['tokens']}", flush=True)
+        for arm in names[1:]:
+            s = out[arm]["stats"]
+            share = f", history drafted {s['history_drafted'] / s['drafted']:.2f} of it" if arm == "hybrid" and s["drafted"] else ""
+            print(f"epoch {epoch} {arm:8s}: {row['speedup_per_token'][arm]:.2f}x ar per token; acceptance "
+                  f"{s['acceptance_rate'] or 0:.2f}, mean acceptance length {s['mean_acceptance_length'] or 1:.2f}, "
+                  f"drafted {s['drafted']}{share}", flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"command": vars(args), "machine": machine, "rows": len(prompts),
