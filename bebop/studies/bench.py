@@ -21,6 +21,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from bebop.drafts.hybrid import HybridDraft
 from bebop.engine.draft_len import probe_buckets
 from bebop.engine.generation import DEFAULT_MAX_DRAFT_LEN, generate
 from bebop.engine.stats import SpecStats
@@ -95,7 +96,8 @@ def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: li
         for mode in modes:  # in vLLM and the -compiled modes, compiling for that size
             run(mode, bs, 0, max_new_tokens=min(max_new_tokens, 8))
     if draft_len == "auto" and any(m.startswith("spec") for m in modes):  # and auto's one-off cost probes
-        probe_buckets(model, mtp, max(batch_sizes), DEFAULT_MAX_DRAFT_LEN)
+        costs_of = mtp.model if isinstance(mtp, HybridDraft) else mtp  # (a hybrid steps at its trained draft's costs)
+        probe_buckets(model, costs_of, max(batch_sizes), DEFAULT_MAX_DRAFT_LEN)
     acc = {(bs, m): {"time": 0.0, "tokens": 0, "stats": SpecStats()} for bs in batch_sizes for m in modes}
     with tqdm(total=repeats * len(batch_sizes) * len(modes), desc="bench", unit="run") as bar:
         for rep in range(repeats):
@@ -133,12 +135,12 @@ def format_table(results: list[dict]) -> str:
     def f(x, spec="{:.3f}"):
         return "-" if x is None else spec.format(x)
 
-    head = f"{'mode':<12}{'batch':>6}{'K':>3}{'T':>5}{'tok/s':>9}{'vs ar':>7}{'accept':>8}{'mean len':>9}" \
+    head = f"{'mode':<12}{'batch':>6}{'K':>5}{'T':>5}{'tok/s':>9}{'vs ar':>7}{'accept':>8}{'mean len':>9}" \
            f"{'entropy':>8}  per-position acceptance"
     lines = [head, "-" * len(head)]
     for r in results:
         ppa = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"]) or "-"
-        lines.append(f"{r['mode']:<12}{r['batch_size']:>6}{r['draft_len']:>3}{r['temperature']:>5.2g}"
+        lines.append(f"{r['mode']:<12}{r['batch_size']:>6}{r['draft_len']!s:>5}{r['temperature']:>5.2g}"
                      f"{r['tokens_per_s']:>9.1f}{f(r['speedup_vs_ar'], '{:.2f}x'):>7}{f(r['acceptance_rate']):>8}"
                      f"{f(r['mean_acceptance_length'], '{:.2f}'):>9}{f(r['mean_entropy'], '{:.2f}'):>8}  {ppa}")
     return "\n".join(lines)
