@@ -21,9 +21,8 @@ def pick_mtp(spec: str | None, model, need_trained=True):
     silently slow speculative decoding down), else a seeded random draft (one that an online strategy trains).
     A draft model only: 'history' is no model and 'hybrid' more than one (`load` takes them)."""
     if spec in (HISTORY_DRAFT, HYBRID_DRAFT):
-        where = "generate, bench, check-exactness and rl" if spec == HISTORY_DRAFT else "generate, bench and check-exactness"
-        raise BebopError(f"--draft {spec} drafts in {where} only; this command needs a draft model (a checkpoint, an "
-                         "EAGLE-3 directory, 'random' or 'random-eagle3')")
+        raise BebopError(f"--draft {spec} drafts in generate, bench, check-exactness and rl only; this command needs a "
+                         "draft model (a checkpoint, an EAGLE-3 directory, 'random' or 'random-eagle3')")
     if spec == "random":
         return new_draft(model, "mtp")
     if spec == "random-eagle3":

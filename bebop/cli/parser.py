@@ -137,8 +137,9 @@ def add_rl_args(p):
     p.add_argument("--device", default=d.device, help=DEVICE_HELP + " (the trainer and the rollouts share it)")
     add_compile_arg(p)  # (the rollouts' decode step; the trainer's forward stays eager)
     p.add_argument("--draft", default=d.draft, help="the draft, as for generate: a checkpoint, an EAGLE-3 directory, 'random', "
-                   "'random-eagle3' or 'history' (no model: each row drafts what followed its text in the earlier "
-                   "rollouts of its prompt, learnt as the run goes and saved with its checkpoints); default: the model's "
+                   "'random-eagle3', 'history' (no model: each row drafts what followed its text in the earlier "
+                   "rollouts of its prompt, learnt as the run goes and saved with its checkpoints) or 'hybrid' (the "
+                   "shipped draft, frozen, and such a history, each row and step the one that promises more); default: the model's "
                    "shipped draft (EAGLE-3 for smollm2-135m), required with --draft-strategy frozen on a model without "
                    "one (online strategies train a random one)")
     p.add_argument("--task", default=d.task, help="RL task (arithmetic, code)")

@@ -8,6 +8,7 @@ from pathlib import Path
 from bebop.backends.vllm import engine as vllm_engine
 from bebop.cli.loading import compile_arg, pick_mtp
 from bebop.drafts.history import HistoryDraft
+from bebop.drafts.hybrid import HybridDraft
 from bebop.drafts.registry import shipped_draft
 from bebop.errors import BebopError
 from bebop.models.registry import hf_dir, load_model
@@ -44,6 +45,8 @@ def cmd_rl(args):
                              f"or random-eagle3): '{cfg.model}' ships none")
     elif cfg.rollout != "ar" and cfg.draft == "history":
         mtp = HistoryDraft()  # learns from every rollout; a resumed run's comes from its checkpoint
+    elif cfg.rollout != "ar" and cfg.draft == "hybrid":
+        mtp = HybridDraft(pick_mtp(None, policy), HistoryDraft())  # the shipped draft, frozen, and a history
     elif cfg.rollout != "ar":
         mtp = pick_mtp(cfg.draft, policy, need_trained=cfg.draft_strategy == "frozen")  # online strategies train it
         if cfg.rollout_backend == "vllm" and mtp.arch != "eagle3":

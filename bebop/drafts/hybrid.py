@@ -34,6 +34,16 @@ class HybridDraft:
         return f"HybridDraft({self.model.arch}, {self.history!r})"
 
 
+def history_of(draft) -> HistoryDraft | None:
+    """The history a draft drafts from: a history draft's own, a hybrid's, else None."""
+    return draft if isinstance(draft, HistoryDraft) else draft.history if isinstance(draft, HybridDraft) else None
+
+
+def model_of(draft) -> Draft | None:
+    """The draft model a draft runs: itself, a hybrid's trained draft, else None (a history draft)."""
+    return draft if isinstance(draft, Draft) else draft.model if isinstance(draft, HybridDraft) else None
+
+
 def choose_sources(proposals: list[Proposal], model_chain: np.ndarray, model_lens: list[int]) -> list[bool]:
     """Which rows draft from the history: those whose proposal promises more accepted tokens (the sum of its
     chances) than the trained draft's drafts the row would verify (model_chain [B, K]: the chance that drafts

@@ -24,8 +24,8 @@ RENAMED_FIELDS = {"mtp": "draft", "mtp_strategy": "draft_strategy", "mtp_learnin
 class RLConfig:
     model: str = "smollm2-135m"
     device: str = "auto"  # auto: a CUDA GPU where torch sees one, else the CPU (bebop.models.devices)
-    draft: str | None = None  # checkpoint path or EAGLE-3 directory, 'random', 'history' (earlier rollouts), or
-    # None = the model's shipped draft
+    draft: str | None = None  # checkpoint path or EAGLE-3 directory, 'random', 'history' (earlier rollouts),
+    # 'hybrid' (the shipped draft and a history, per row), or None = the model's shipped draft
     task: str = "arithmetic"
     difficulty: str | None = None  # the task's default level if None
     steps: int = 20
@@ -124,15 +124,16 @@ class RLConfig:
                              "it has no automatic K)")
         if self.rollout == "ar" and self.draft_strategy != "frozen":
             raise BebopError(f"--draft-strategy {self.draft_strategy} needs a speculative --rollout (spec or spec-greedy)")
-        if self.draft == "history":  # (bebop.drafts.history: a table of earlier rollouts, held by the worker)
+        if self.draft in ("history", "hybrid"):  # (a table of earlier rollouts, held by the worker; a hybrid's
+            # trained draft stays frozen)
             if self.rollout_backend == "vllm":
-                raise BebopError("--draft history drafts in bebop's engine only (--rollout-backend bebop); vLLM's "
+                raise BebopError(f"--draft {self.draft} drafts in bebop's engine only (--rollout-backend bebop); vLLM's "
                                  "own n-gram drafter is its speculative_config")
             if self.draft_strategy != "frozen":
-                raise BebopError(f"--draft history has no weights to train: --draft-strategy {self.draft_strategy} "
-                                 "needs a draft model")
+                raise BebopError(f"--draft {self.draft} drafts with a frozen draft only: --draft-strategy "
+                                 f"{self.draft_strategy} trains a draft model (pass --draft PATH)")
             if self.rollout_workers > 1:
-                raise BebopError("--draft history needs one rollout worker: each would keep a history of its own")
+                raise BebopError(f"--draft {self.draft} needs one rollout worker: each would keep a history of its own")
         if self.rollout_workers < 1:
             raise BebopError(f"--rollout-workers must be >= 1, got {self.rollout_workers}")
         if self.rollout_workers > 1 and self.ray is None:

@@ -26,6 +26,7 @@ from bebop import io as checkpoint
 from bebop.backends.vllm.worker import DRAFT_CHECK_TOL, vllm_args
 from bebop.drafts.base import Draft
 from bebop.drafts.history import HistoryDraft
+from bebop.drafts.hybrid import HybridDraft, history_of
 from bebop.errors import BebopError
 from bebop.models import DTYPES  # noqa: F401 -- old name (bebop.rl.loop.DTYPES), kept for one release
 from bebop.models import cpu, devices
@@ -52,7 +53,7 @@ class Learner:
     policy: Decoder
     opt: torch.optim.Optimizer
     ref: Decoder | None
-    mtp: Draft | HistoryDraft | None  # None for autoregressive rollouts
+    mtp: Draft | HistoryDraft | HybridDraft | None  # None for autoregressive rollouts
     mtp_opt: torch.optim.Optimizer | None  # None unless the MTP trains online
     use_bf16: bool = False  # training forwards under bf16 autocast
 
@@ -149,8 +150,9 @@ def run_rl(cfg: RLConfig, out, policy: Decoder, tokenizer, train_tasks: list, ev
     if resume:
         state = load_checkpoint(out, policy, learner.trained_mtp, learner.opt, learner.mtp_opt)
         start, pending = state["step"], state["pending"]
-        if isinstance(learner.mtp, HistoryDraft) and state.get("history") is not None:
-            learner.mtp = HistoryDraft.from_state(state["history"])  # drafts as the uninterrupted run would
+        if history_of(learner.mtp) is not None and state.get("history") is not None:  # drafts as the
+            history = HistoryDraft.from_state(state["history"])  # uninterrupted run would
+            learner.mtp = HybridDraft(learner.mtp.model, history) if isinstance(learner.mtp, HybridDraft) else history
         for name in ("metrics.jsonl", "eval.jsonl"):  # drop rows logged after the checkpoint: they are redone
             checkpoint.truncate_log(out / name, start)
     side.worker, side.draft_tol = start_workers(cfg, out, learner, side, rollout_threads)
@@ -303,7 +305,7 @@ def run_steps(cfg: RLConfig, out: Path, learner: Learner, side: Rollouts, start:
         rows.append(row)
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             save_checkpoint(out, step + 1, learner.policy, learner.trained_mtp, learner.opt, learner.mtp_opt, pending,
-                            side.worker.draft_state() if isinstance(learner.mtp, HistoryDraft) else None)
+                            side.worker.draft_state() if history_of(learner.mtp) is not None else None)
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward_mean']:.2f}",
                         acc="-" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.2f}")
@@ -356,7 +358,8 @@ def metrics_row(step: int, rewards: torch.Tensor, samples: list[Sample], got: di
             "mean_acceptance_length": stats["mean_acceptance_length"],
             "per_position_acceptance": stats["per_position_acceptance"],
             "mean_draft_len": stats["mean_draft_len"], "drafted_tokens": stats.get("drafted"),
-            "accepted_tokens": stats.get("accepted"), "tokens": n_tok,
+            "accepted_tokens": stats.get("accepted"), "history_drafted_tokens": stats.get("history_drafted"),
+            "history_accepted_tokens": stats.get("history_accepted"), "tokens": n_tok,
             "completion_length_mean": n_tok / len(samples), "rollout_s": got["rollout_s"], **times,
             "dispatch_s": got.get("dispatch_s"),  # Ray: the batch's wall time beyond its slowest worker's
             "policy_version": step, "rollout_policy_version": got["version"],

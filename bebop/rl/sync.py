@@ -7,6 +7,7 @@ import torch
 
 from bebop.drafts.base import Draft
 from bebop.drafts.history import HistoryDraft
+from bebop.drafts.hybrid import HybridDraft, history_of, model_of
 from bebop.errors import BebopError
 from bebop.models import DTYPES
 from bebop.models.decoder import Decoder
@@ -25,23 +26,25 @@ def policy_state(model: Decoder) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in model.named_parameters()}
 
 
-def mtp_state(mtp: Draft | HistoryDraft | None) -> dict[str, torch.Tensor]:
-    """The draft's weights to ship (its vocabulary ids travel in the spec, once; a history draft has none)."""
-    if not isinstance(mtp, Draft):
+def mtp_state(mtp: Draft | HistoryDraft | HybridDraft | None) -> dict[str, torch.Tensor]:
+    """The draft model's weights to ship (its vocabulary ids travel in the spec, once; a history draft has none,
+    a hybrid its trained draft's)."""
+    model = model_of(mtp)
+    if model is None:
         return {}
-    return {k: v.detach() for k, v in mtp.state_dict().items() if k != "vocab_ids"}
+    return {k: v.detach() for k, v in model.state_dict().items() if k != "vocab_ids"}
 
 
 def model_spec(policy: Decoder, mtp: Draft | None, dtype: str) -> dict:
     """What a worker needs to build empty copies of the policy and MTP in `dtype` (plain, picklable data),
-    with the kernels this machine's probe chose for that dtype. A history draft travels as its state (its
-    rollouts and calibration), which the worker keeps learning from."""
+    with the kernels this machine's probe chose for that dtype. A history draft (alone or in a hybrid) travels as
+    its state (its rollouts and calibration), which the worker keeps learning from."""
     attention, linear = probed_kernels(policy, dtype)
-    model = isinstance(mtp, Draft)
+    model, history = model_of(mtp), history_of(mtp)
     return {"cfg": policy.cfg, "name": policy.name, "eos_ids": list(policy.eos_ids), "attention": attention,
             "linear": linear, "compiled": probed_compiled(policy, dtype), "device": str(policy.embed.weight.device),
-            "mtp": {"config": copy.deepcopy(mtp.config), "vocab_ids": mtp.vocab_ids.tolist()} if model else None,
-            "history": mtp.state() if isinstance(mtp, HistoryDraft) else None}
+            "mtp": None if model is None else {"config": copy.deepcopy(model.config), "vocab_ids": model.vocab_ids.tolist()},
+            "history": None if history is None else history.state()}
 
 
 def token_logprobs(logits: torch.Tensor, ids: list[int]) -> list[float]:

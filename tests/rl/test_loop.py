@@ -5,8 +5,10 @@ import json
 import pytest
 import torch
 
+import bebop.engine.generation as generation
 from bebop import io
 from bebop.drafts.history import HistoryDraft
+from bebop.drafts.hybrid import HybridDraft
 from bebop.errors import BebopError
 from bebop.models.registry import load_model
 from bebop.drafts.mtp import new_mtp
@@ -26,7 +28,8 @@ def small(**kw):
 
 def run(cfg, out, resume=False, train=TRAIN):
     policy, tok = load_model(cfg.model, dtype="float32")
-    mtp = None if cfg.rollout == "ar" else HistoryDraft() if cfg.draft == "history" else new_mtp(policy, seed=1)
+    mtp = None if cfg.rollout == "ar" else HistoryDraft() if cfg.draft == "history" else \
+        HybridDraft(new_mtp(policy, seed=1), HistoryDraft()) if cfg.draft == "hybrid" else new_mtp(policy, seed=1)
     rows = run_rl(cfg, out, policy, tok, train, EVAL, mtp, resume=resume, progress=False)
     return policy, rows
 
@@ -92,6 +95,22 @@ def test_a_history_draft_resumes_as_if_uninterrupted(tmp_path):
         assert torch.equal(a, b), k
 
 
+def test_a_hybrid_draft_learns_its_history_and_resumes_as_if_uninterrupted(tmp_path, monkeypatch):
+    """--draft hybrid: the trained draft and the history both draft (the metrics say how much each), the
+    checkpoint holds the history, and a resumed run samples what the uninterrupted one did. (The trained draft
+    promises 0.1 a depth here, so that the history's few matches on a tiny random model outbid it.)"""
+    monkeypatch.setattr(generation, "MODEL_PRIOR", 0.1)
+    hybrid = dict(HISTORY, draft="hybrid")
+    full, rows = run(small(steps=3, **hybrid), tmp_path / "full", train=TRAIN[:2])
+    assert 0 < rows[-1]["history_drafted_tokens"] < rows[-1]["drafted_tokens"]
+    assert len(io.load_checkpoint(tmp_path / "full" / "ckpt").state["history"]["prompts"]) == 2
+    run(small(steps=2, **hybrid), tmp_path / "part", train=TRAIN[:2])
+    resumed, rows2 = run(small(steps=3, **hybrid), tmp_path / "part", resume=True, train=TRAIN[:2])
+    assert rows2[0]["reward_mean"] == rows[-1]["reward_mean"] and rows2[0]["acceptance_rate"] == rows[-1]["acceptance_rate"]
+    for (k, a), b in zip(full.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
 def test_resume_refuses_changed_settings(tmp_path):
     run(small(steps=1, rollout="ar"), tmp_path / "a")
     with pytest.raises(BebopError, match="settings differ.*learning_rate"):
@@ -124,7 +143,8 @@ def test_a_run_saved_before_the_draft_fields_were_renamed_resumes(tmp_path):
     (dict(draft_len="auto", max_draft_len=0), "--max-draft-len must be >= 1"),
     (dict(draft_len="auto", rollout_backend="vllm"), "--rollout-backend vllm needs a fixed --draft-len"),
     (dict(draft="history", rollout_backend="vllm", draft_len=2), "--draft history drafts in bebop's engine only"),
-    (dict(draft="history", draft_strategy="online-kl"), "--draft history has no weights to train"),
+    (dict(draft="history", draft_strategy="online-kl"), "--draft history drafts with a frozen draft only"),
+    (dict(draft="hybrid", draft_strategy="online-kl"), "--draft hybrid drafts with a frozen draft only"),
     (dict(draft="history", ray="local", rollout_workers=2), "--draft history needs one rollout worker"),
     (dict(num_train_prompts=-1), "--num-train-prompts must be >= 0"),
 ])

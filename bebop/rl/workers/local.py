@@ -9,6 +9,7 @@ import torch
 from bebop.backends.vllm.worker import VllmRolloutWorker
 from bebop.drafts.base import Draft
 from bebop.drafts.history import HistoryDraft
+from bebop.drafts.hybrid import HybridDraft, history_of, model_of
 from bebop.drafts.registry import build_draft
 from bebop.engine.generation import generate
 from bebop.models import DTYPES
@@ -27,14 +28,15 @@ class LocalWorker:
         self.model.name, self.model.eos_ids = spec["name"], spec["eos_ids"]
         self.model.attention, self.model.linear = spec["attention"], spec["linear"]
         self.model.compiled = spec.get("compiled", False)
-        self.mtp = None
-        if spec.get("history") is not None:  # a history draft: it learns from this worker's rollouts
-            self.mtp = HistoryDraft.from_state(spec["history"])
-        elif spec["mtp"] is not None:
-            self.mtp = build_draft(self.model, copy.deepcopy(spec["mtp"]["config"])).to(spec["device"], DTYPES[dtype])
-            self.mtp.requires_grad_(False).eval()
+        model = history = None
+        if spec["mtp"] is not None:
+            model = build_draft(self.model, copy.deepcopy(spec["mtp"]["config"])).to(spec["device"], DTYPES[dtype])
+            model.requires_grad_(False).eval()
             ids = spec["mtp"]["vocab_ids"]
-            self.mtp.set_draft_vocab(torch.tensor(ids) if ids else None)
+            model.set_draft_vocab(torch.tensor(ids) if ids else None)
+        if spec.get("history") is not None:  # a history draft (alone or in a hybrid): it learns from these rollouts
+            history = HistoryDraft.from_state(spec["history"])
+        self.mtp = HybridDraft(model, history) if model is not None and history is not None else model or history
         self.rollout, self.draft_len, self.max_draft_len = rollout, draft_len, max_draft_len
         self.params = SamplingParams(temperature)
         self.version = -1
@@ -45,12 +47,13 @@ class LocalWorker:
         own = dict(self.model.named_parameters())
         for k, v in policy.items():
             own[k].copy_(v)
-        if isinstance(self.mtp, Draft):
-            own = self.mtp.state_dict()
+        draft = model_of(self.mtp)
+        if draft is not None:
+            own = draft.state_dict()
             for k, v in mtp.items():
                 own[k].copy_(v)
             # the draft head is a cached slice of the policy's head: rebuild it from the weights just loaded
-            self.mtp.set_draft_vocab(self.mtp.vocab_ids if len(self.mtp.vocab_ids) else None)
+            draft.set_draft_vocab(draft.vocab_ids if len(draft.vocab_ids) else None)
         self.version = version
 
     @torch.no_grad()
@@ -61,8 +64,8 @@ class LocalWorker:
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, seed: int | list[int], learn: bool = True) -> dict:
         t0 = time.perf_counter()
-        if isinstance(self.mtp, HistoryDraft):
-            self.mtp.learn = learn
+        if history_of(self.mtp) is not None:
+            history_of(self.mtp).learn = learn
         g = generate(self.model, prompts, max_new_tokens, self.params, mode=self.rollout, draft=self.mtp,
                      draft_len=self.draft_len, max_draft_len=self.max_draft_len, seed=seed)
         return {"tokens": [r.tokens for r in g.rollouts], "logprobs": [r.logprobs for r in g.rollouts],
@@ -70,8 +73,10 @@ class LocalWorker:
                 "version": self.version, "rollout_s": time.perf_counter() - t0}
 
     def draft_state(self) -> dict | None:
-        """A history draft's state (its rollouts and calibration, for the run's checkpoint), else None."""
-        return self.mtp.state() if isinstance(self.mtp, HistoryDraft) else None
+        """A history draft's state, alone or in a hybrid (its rollouts and calibration, for the run's
+        checkpoint), else None."""
+        history = history_of(self.mtp)
+        return None if history is None else history.state()
 
     def submit(self, prompts: list[list[int]], max_new_tokens: int, seed: int | list[int], learn: bool = True) -> None:
         self._pending = self.generate(prompts, max_new_tokens, seed, learn)
