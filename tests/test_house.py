@@ -167,3 +167,16 @@ def test_the_tracked_files_leave_the_gpu_check_room_for_the_model():
     model = (Path(smollm2_gguf()[0]) / smollm2_gguf()[1]).stat().st_size
     room = (limit - margin - 1) * 2 ** 20 - size  # (1 MiB for the gguf wheel and the checksum)
     assert room * calls >= model, f"tracked files {size / 2 ** 20:.1f} MiB leave {room / 2 ** 20:.1f} MiB a call"
+
+
+def test_the_gpu_checks_step_limits_fit_the_call_that_runs_it():
+    """examples/gpu/check.sh gives each step its own time limit; together they must end inside the timeout of
+    the device call prepare.sh prints for it (with room for the setup before them), or the last steps are cut."""
+    gpu = PACKAGE.parent / "examples" / "gpu"
+    check = (gpu / "check.sh").read_text()
+    bench = int(re.search(r"else\n\s+BATCHES=.*BENCH_T=(\d+)", check).group(1))  # the full check's, not the dry run's
+    limits = [int(x) for x in re.findall(r"^\s*step \w+ (\d+) ", check, re.MULTILINE)]  # (not the rl steps)
+    rl = re.search(r'for rollout in ((?:\w+ ?)+); do\n\s+step "rl-\$rollout" (\d+) ', check)
+    total = sum(limits) + bench + len(rl.group(1).split()) * int(rl.group(2))
+    call = int(re.search(r"echo 60 \|\| echo (\d+)", (gpu / "prepare.sh").read_text()).group(1))
+    assert len(limits) == 5 and total + 15 <= call, (limits, bench, total, call)

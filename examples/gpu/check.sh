@@ -7,7 +7,8 @@
 # train.txt (draft-training steps per second), rl/ (ar against spec rollouts with a frozen draft, and `bebop report`).
 # What it needs beyond the repository (a bare machine has neither): the gguf wheel and the default model's GGUF in
 # parts, both under .gpu/, as examples/gpu/prepare.sh lays them out. Each step has its own time limit, so one that
-# hangs still leaves the others' files. Where $OUT is set (the device tool's folder, which brings back at most 8
+# hangs still leaves the others' files; together the limits are 535 s, inside the 560 s of the call that runs it
+# (prepare.sh prints it), with the setup before them. Where $OUT is set (the device tool's folder, which brings back at most 8
 # files), it gets all of them as gpu-check.tgz, plus bench.txt and report.md to read at once, refreshed after every
 # step (a call that runs past its time limit still brings back the steps that finished); commit them under
 # results/gpu/ with the GPU's name.
@@ -19,7 +20,7 @@ MODEL=${BEBOP_CHECK_MODEL:-smollm2-135m}
 if [ -n "${BEBOP_CHECK_SMALL:-}" ]; then
   BATCHES=1,4; NEW=16; STEPS=2; DATA=16; TRAIN=10; BENCH_T=300; DRAFT=random-eagle3
 else
-  BATCHES=1,16,64,256; NEW=128; STEPS=4; DATA=256; TRAIN=100; BENCH_T=140; DRAFT=
+  BATCHES=1,16,64,256; NEW=128; STEPS=4; DATA=256; TRAIN=100; BENCH_T=130; DRAFT=
 fi
 rm -rf "$RES" .gpu/rl .gpu/data .gpu/draft.* && mkdir -p "$RES"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" BEBOP_CACHE="${BEBOP_CACHE:-$PWD/.gpu/cache}"
@@ -51,24 +52,24 @@ step() {  # step NAME SECONDS COMMAND...: run one part, its output in $RES/NAME.
   bring_back
 }
 
-step env 60 $PY -c "
+step env 30 $PY -c "
 import torch, transformers, platform
 print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'python', platform.python_version())
 print('device', torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA GPU')"
-step tests 100 env BEBOP_TEST_DEVICES="$DEVICE" $PY -m pytest -q -p no:cacheprovider -x \
+step tests 90 env BEBOP_TEST_DEVICES="$DEVICE" $PY -m pytest -q -p no:cacheprovider -x \
   tests/engine/test_engine_on_accelerators.py tests/training/test_training_on_accelerators.py \
   tests/rl/test_rl_on_accelerators.py
 step bench "$BENCH_T" $PY -m bebop.cli bench --device "$DEVICE" --model "$MODEL" ${DRAFT:+--draft $DRAFT} \
   --modes ar,spec,spec-greedy,hf --batch-sizes "$BATCHES" --max-new-tokens "$NEW" --temperature 1 --repeats 2 \
   --output "$RES/bench.json"
 for rollout in ar spec; do
-  step "rl-$rollout" 90 $PY -m bebop.cli rl --device "$DEVICE" --model "$MODEL" ${DRAFT:+--draft $DRAFT} \
+  step "rl-$rollout" 80 $PY -m bebop.cli rl --device "$DEVICE" --model "$MODEL" ${DRAFT:+--draft $DRAFT} \
     --rollout "$rollout" --draft-strategy frozen --steps "$STEPS" --async-mode off --out ".gpu/rl/$rollout"
 done
 step report 40 $PY -m bebop.cli report .gpu/rl/ar .gpu/rl/spec --out "$RES/rl"
-step data 40 $PY -m bebop.cli make-data --device "$DEVICE" --model "$MODEL" --num-samples "$DATA" \
+step data 35 $PY -m bebop.cli make-data --device "$DEVICE" --model "$MODEL" --num-samples "$DATA" \
   --heldout-samples 16 --max-new-tokens 64 --batch-size 64 --out .gpu/data
-step train 60 $PY -m bebop.cli train-draft --device "$DEVICE" --model "$MODEL" --data .gpu/data --kind eagle3 \
+step train 50 $PY -m bebop.cli train-draft --device "$DEVICE" --model "$MODEL" --data .gpu/data --kind eagle3 \
   --steps "$TRAIN" --eval-every "$TRAIN" --save-every "$TRAIN" --eval-prompts 4 --out .gpu/draft
 cp .gpu/draft.metrics.jsonl "$RES/train.metrics.jsonl" 2>/dev/null
 bring_back
