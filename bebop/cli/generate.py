@@ -58,7 +58,8 @@ def cmd_generate(args):
 
 
 def start_vllm(args, model, mtp, modes: list[str], tmp: Path) -> dict:
-    """A vLLM engine per vLLM mode of bench, in the model's dtype; vllm-spec with the draft's EAGLE-3 export."""
+    """A vLLM engine per vLLM mode of bench, in the model's dtype; vllm-spec with the draft's EAGLE-3 export,
+    vllm-ngram with vLLM's n-gram drafter."""
     if not modes:
         return {}
     if not vllm_engine.installed():
@@ -73,7 +74,7 @@ def start_vllm(args, model, mtp, modes: list[str], tmp: Path) -> dict:
     try:
         for mode in modes:
             print(f"bebop: starting vLLM for {mode} (minutes the first time: it compiles the model)", file=sys.stderr)
-            engines[mode] = vllm_engine.VllmEngine(model_dir, dtype, draft=draft if mode == "vllm-spec" else None,
+            engines[mode] = vllm_engine.VllmEngine(model_dir, dtype, draft={"vllm-spec": draft, "vllm-ngram": vllm_engine.NGRAM}.get(mode),
                                                    num_speculative_tokens=k, seed=args.seed)
     except BebopError:
         for engine in engines.values():
@@ -87,7 +88,7 @@ def cmd_bench(args):
     check_draft_len(args)
     batch_sizes = number_list(args.batch_sizes)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    known = (*ENGINE_MODES, *(m + COMPILED for m in ENGINE_MODES), "hf", "vllm", "vllm-spec")
+    known = (*ENGINE_MODES, *(m + COMPILED for m in ENGINE_MODES), "hf", "vllm", "vllm-spec", "vllm-ngram")
     bad = [m for m in modes if m not in known]
     if bad or not modes:
         raise BebopError(f"unknown mode(s) {bad or modes}: choose from {', '.join(known)}")

@@ -268,7 +268,8 @@ def build_parser():
     p.add_argument("--batch-sizes", default="1,4,16", help="comma-separated batch sizes to measure")
     p.add_argument("--modes", default="ar,spec,spec-greedy",
                    help="any of ar, spec, spec-greedy (argmax drafts, exact verification), hf (transformers), vllm (vLLM's plain decoding), vllm-spec "
-                        "(vLLM with the draft's EAGLE-3 export; vLLM has no auto K: it drafts --draft-len, 3 for auto); "
+                        "(vLLM with the draft's EAGLE-3 export; vLLM has no auto K: it drafts --draft-len, 3 for auto), "
+                        "vllm-ngram (vLLM's n-gram drafter, contexts of 1-8 tokens, --draft-len as for vllm-spec); "
                         "ar-compiled, spec-compiled: on the compiled decode step, against the others run eager")
     p.add_argument("--prompts", help="JSONL prompts (default: built-in held-out task prompts)")
     p.add_argument("--repeats", type=int, default=3, help="measurements per mode and batch size")

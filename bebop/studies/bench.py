@@ -7,7 +7,8 @@ tokens/s counts the tokens actually produced (every mode gets the same prompts a
 measured only on text the model itself produced. `ignore_eos` (vLLM's --ignore-eos) makes every row generate
 exactly max_new_tokens instead, so all modes do the same amount of work.
 `hf` is transformers' own `generate` on the same prompts and settings, in the same dtype. `vllm` is vLLM's
-plain decoding and `vllm-spec` vLLM with the draft's EAGLE-3 export, each an engine kept alive in its own
+plain decoding, `vllm-spec` vLLM with the draft's EAGLE-3 export and `vllm-ngram` vLLM's n-gram drafter (the
+prompt's and the request's own text, no model), each an engine kept alive in its own
 process (bebop.backends.vllm.engine.VllmEngine) and timed by its own `generate` call: same prompts (chat template),
 seeds, EOS handling and dtype; while one side runs the other waits, so each has the machine's cores.
 A bebop mode with the suffix `-compiled` (`ar-compiled`, `spec-compiled`) runs it on the compiled decode and
@@ -65,7 +66,8 @@ def hf_generate(hf_model, tokenizer, prompts, max_new_tokens, params: SamplingPa
 def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: list[str], draft_len: int,
               params: SamplingParams, max_new_tokens: int, seed: int = 0, repeats: int = 3, mtp=None,
               hf_model=None, tokenizer=None, ignore_eos: bool = False, vllm: dict | None = None) -> list[dict]:
-    """`vllm`: {"vllm": VllmEngine, "vllm-spec": VllmEngine} for the vLLM modes requested."""
+    """`vllm`: {"vllm": VllmEngine, "vllm-spec": VllmEngine, "vllm-ngram": VllmEngine} for the vLLM modes
+    requested."""
     eos_ids = [] if ignore_eos else list(model.eos_ids)
     loaded = model.compiled
     compared = any(m.endswith(COMPILED) for m in modes)  # then the other modes run eager
@@ -120,7 +122,8 @@ def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: li
             tps = a["tokens"] / a["time"]
             results.append({
                 "mode": mode, "batch_size": bs,
-                "draft_len": (s.draft_len if mode == "vllm-spec" else draft_len) if "spec" in mode else 0,
+                "draft_len": (s.draft_len if mode.startswith("vllm-") else draft_len) if "spec" in mode or
+                mode == "vllm-ngram" else 0,
                 "temperature": params.temperature, "tokens_per_s": tps,
                 "speedup_vs_ar": tps / (ar["tokens"] / ar["time"]) if ar else None,
                 "acceptance_rate": s.acceptance_rate, "mean_acceptance_length": s.mean_acceptance_length,

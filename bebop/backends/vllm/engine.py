@@ -26,6 +26,10 @@ from bebop.engine.stats import SpecStats
 from bebop.errors import BebopError
 
 
+NGRAM = "ngram"  # --draft ngram: vLLM's n-gram drafter (speculative_config method "ngram")
+NGRAM_MAX = 8  # the longest n-gram it matches, as the history draft's longest context
+
+
 def installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
@@ -68,7 +72,10 @@ def build_llm(args):
     from vllm import LLM
 
     spec = None
-    if args.draft:
+    if args.draft == NGRAM:  # vLLM's n-gram drafter: no model, the prompt and the request's own text
+        spec = {"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens, "prompt_lookup_min": 1,
+                "prompt_lookup_max": NGRAM_MAX}
+    elif args.draft:
         spec = {"method": "eagle3", "model": args.draft, "num_speculative_tokens": args.num_speculative_tokens,
                 "draft_sample_method": args.draft_sample_method}
     return LLM(model=args.model, dtype=args.dtype, speculative_config=spec, disable_log_stats=False, seed=args.seed,
@@ -150,7 +157,8 @@ class VllmEngine:
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m bebop.backends.vllm.engine", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="the target's Hugging Face directory")
-    p.add_argument("--draft", help="an EAGLE-3 directory (`bebop export`); none: plain decoding")
+    p.add_argument("--draft", help="an EAGLE-3 directory (`bebop export`), or 'ngram' (vLLM's n-gram drafter); none: "
+                   "plain decoding")
     p.add_argument("--prompts", help="JSONL, one {\"prompt_ids\": [...]} per line")
     p.add_argument("--serve", action="store_true", help="keep the engine and answer JSON requests on stdin (VllmEngine)")
     p.add_argument("--num-speculative-tokens", type=int, default=3)

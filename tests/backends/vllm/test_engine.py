@@ -84,6 +84,21 @@ def test_bench_times_vllm_between_bebops_modes(setup):
     assert len(theirs["per_position_acceptance"]) == K and theirs["mean_acceptance_length"] >= 1
 
 
+def test_bench_times_vllms_ngram_drafter(setup):
+    """`bebop bench --modes vllm-ngram`: vLLM's n-gram drafter (no model) drafts K from the prompt's and the
+    request's own text, and bench reports its acceptance from vLLM's counters."""
+    model, _, _, prompts = setup
+    engine = VllmEngine(hf_dir("smollm2-135m"), "float32", draft="ngram", num_speculative_tokens=K, enforce_eager=True)
+    try:
+        results = run_bench(model, prompts[:4], [4], ["ar", "vllm-ngram"], K, SamplingParams(1.0), 32, repeats=1,
+                            vllm={"vllm-ngram": engine})
+    finally:
+        engine.close()
+    theirs = {r["mode"]: r for r in results}["vllm-ngram"]
+    assert theirs["tokens"] > 0 and theirs["draft_len"] == K and theirs["mean_acceptance_length"] >= 1
+    assert len(theirs["per_position_acceptance"]) == K
+
+
 def test_an_engine_that_cannot_start_is_one_error_line(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(BebopError, match="vLLM engine stopped") as e:
