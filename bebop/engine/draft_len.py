@@ -445,7 +445,9 @@ def choose_row_draft_lens(row_alphas: torch.Tensor, remaining: torch.Tensor, cos
     best, lens = (1 - DRAFT_MARGIN) * plain, np.zeros(n, dtype=np.int64)
     rows = np.arange(n)
     for K in range(1, max_k + 1):
-        ends = np.unique(finish[:, :K + 1][np.isfinite(finish[:, :K + 1])])  # [M] candidate L
+        ends = finish[:, :K + 1]
+        ends = np.unique(ends[np.isfinite(ends) & (ends >= ends.min(1).max())])  # [M] candidate L: those some
+        # plan can reach (no L before the slowest row's fastest finish)
         by_end = finish[None, :, :K + 1] <= ends[:, None, None]  # [M, n, K + 1]
         work = np.where(by_end, own[None, :, :K + 1], np.inf)
         for k in (work.argmin(-1), np.where(by_end[..., 0], 0, work.argmin(-1))):  # [M, n] least work / needed only
