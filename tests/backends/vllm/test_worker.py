@@ -86,7 +86,8 @@ def test_rollouts_are_bebops_schema_with_the_trainers_logprobs(setup):
     got = worker.reply()
     assert set(got) == {"tokens", "logprobs", "entropies", "stats", "version", "rollout_s"}
     assert set(got["stats"]) == {"acceptance_rate", "mean_acceptance_length", "per_position_acceptance",
-                                 "mean_entropy", "mean_draft_len", "drafted", "accepted", "steps", "tokens"}
+                                 "mean_entropy", "mean_draft_len", "drafted", "accepted", "steps", "tokens",
+                                 "history_drafted", "history_accepted"}
     assert got["stats"]["drafted"] > 0 and len(got["stats"]["per_position_acceptance"]) == 2
     assert all(1 <= len(t) <= 12 for t in got["tokens"])
     assert all(t[-1] in policy.eos_ids for t in got["tokens"] if len(t) < 12)  # EOS kept, as bebop's engine keeps it
