@@ -61,3 +61,25 @@ def test_the_sync_check_allows_what_bf16_rounding_costs_a_sharp_policy_and_catch
     assert ok["sync_rounding_gap"] == pytest.approx(ok["sync_probe_error"], rel=0.5)
     with pytest.raises(BebopError, match="not the trainer's"):
         check_sync(worker, perturbed(policy), probe, "bfloat16", float("inf"))
+
+
+def test_a_hybrid_drafts_trained_draft_reaches_the_worker_and_a_stale_copy_shows(tiny_llama):
+    """--draft hybrid: the worker builds the hybrid from the spec (the trained draft and the history's state),
+    and a sync copies the trained draft's weights into it; a draft changed after the sync differs there."""
+    from bebop.drafts.history import HistoryDraft
+    from bebop.drafts.hybrid import HybridDraft
+    from bebop.drafts.mtp import new_mtp
+    from bebop.rl.sync import mtp_state
+
+    policy = tiny_llama[0]
+    history = HistoryDraft()
+    history.add([1, 2, 3], [4, 5, 6])
+    hybrid = HybridDraft(new_mtp(policy, seed=1), history)
+    worker = LocalWorker(model_spec(policy, hybrid, "float32"), "float32", "spec", 2, 3, 1.0)
+    assert isinstance(worker.mtp, HybridDraft) and worker.draft_state() == history.state()
+    worker.load_weights(policy_state(policy), mtp_state(hybrid), 1)
+    theirs = worker.mtp.model.state_dict()
+    assert all(torch.equal(v, theirs[k]) for k, v in hybrid.model.state_dict().items())
+    with torch.no_grad():
+        next(hybrid.model.parameters()).add_(0.1)  # trained after the sync: the worker's copy is stale
+    assert not all(torch.equal(v, theirs[k]) for k, v in hybrid.model.state_dict().items())
