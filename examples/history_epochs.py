@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from bebop.drafts.history import HistoryDraft
-from bebop.drafts.hybrid import HybridDraft
+from bebop.drafts.hybrid import HybridDraft, history_of
 from bebop.drafts.registry import trained_draft
 from bebop.engine.draft_len import probe_buckets
 from bebop.engine.generation import generate
@@ -67,9 +67,8 @@ def main():
     for arm in arms:  # warm-up (the histories are emptied below)
         run(arm, -1)
     for draft in arms.values():
-        history = draft if isinstance(draft, HistoryDraft) else getattr(draft, "history", None)
-        if history is not None:
-            history.prompts.clear()
+        if history_of(draft) is not None:
+            history_of(draft).prompts.clear()
     names, epochs = list(arms), []
     for epoch in range(args.epochs):
         out = {}

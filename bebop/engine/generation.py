@@ -19,7 +19,7 @@ import torch
 
 from bebop.drafts.base import Draft, draft_or_old_mtp
 from bebop.drafts.history import NO_TOKEN, HistoryDraft, Proposal, Recording
-from bebop.drafts.hybrid import MODEL_PRIOR, HybridDraft, choose_sources
+from bebop.drafts.hybrid import MODEL_PRIOR, HybridDraft, choose_sources, history_of, model_of
 from bebop.engine.modes import MODES  # noqa: F401 (here too: engine.generation.MODES)
 from bebop.engine.draft_len import (DRAFT_MARGIN, Acceptance, StepCosts, bucket, choose_draft_len, choose_row_draft_lens,
                                     step_costs_for)
@@ -322,8 +322,7 @@ def generate(target: Decoder, prompts: list[list[int]], max_new_tokens: int, par
     K_max, spec = check_arguments(target, prompts, max_new_tokens, mode, draft, draft_len, seed, max_batch,
                                   max_draft_len)
     draft = draft if spec else None
-    history = draft if isinstance(draft, HistoryDraft) else draft.history if isinstance(draft, HybridDraft) else None
-    draft = draft.model if isinstance(draft, HybridDraft) else None if history is not None else draft
+    history, draft = history_of(draft), model_of(draft)  # (a hybrid has both)
     auto = spec and draft_len == "auto"
     d = set_up(target, draft, prompts, max_new_tokens, params, mode, K_max, auto, seed, eos_ids, max_batch,
                on_finish, progress, history)

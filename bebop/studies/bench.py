@@ -22,7 +22,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from bebop.drafts.hybrid import HybridDraft
+from bebop.drafts.hybrid import model_of
 from bebop.engine.draft_len import probe_buckets
 from bebop.engine.generation import DEFAULT_MAX_DRAFT_LEN, generate
 from bebop.engine.stats import SpecStats
@@ -98,8 +98,8 @@ def run_bench(model, prompts: list[list[int]], batch_sizes: list[int], modes: li
         for mode in modes:  # in vLLM and the -compiled modes, compiling for that size
             run(mode, bs, 0, max_new_tokens=min(max_new_tokens, 8))
     if draft_len == "auto" and any(m.startswith("spec") for m in modes):  # and auto's one-off cost probes
-        costs_of = mtp.model if isinstance(mtp, HybridDraft) else mtp  # (a hybrid steps at its trained draft's costs)
-        probe_buckets(model, costs_of, max(batch_sizes), DEFAULT_MAX_DRAFT_LEN)
+        # (a hybrid steps at its trained draft's costs)
+        probe_buckets(model, model_of(mtp) or mtp, max(batch_sizes), DEFAULT_MAX_DRAFT_LEN)
     acc = {(bs, m): {"time": 0.0, "tokens": 0, "stats": SpecStats()} for bs in batch_sizes for m in modes}
     with tqdm(total=repeats * len(batch_sizes) * len(modes), desc="bench", unit="run") as bar:
         for rep in range(repeats):
