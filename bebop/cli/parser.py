@@ -142,7 +142,7 @@ def add_rl_args(p):
                    "shipped draft, frozen, and such a history, each row and step the one that promises more); default: the model's "
                    "shipped draft (EAGLE-3 for smollm2-135m), required with --draft-strategy frozen on a model without "
                    "one (online strategies train a random one)")
-    p.add_argument("--task", default=d.task, help="RL task (arithmetic, code)")
+    p.add_argument("--task", default=d.task, help="RL task (arithmetic, code, sequence)")
     p.add_argument("--difficulty", default=d.difficulty, help="task difficulty level (default: the task's)")
     p.add_argument("--steps", type=int, default=d.steps, help="GRPO steps")
     p.add_argument("--prompts-per-step", type=int, default=d.prompts_per_step, help="prompts per step (each gets --num-generations completions)")

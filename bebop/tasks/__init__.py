@@ -4,7 +4,7 @@ They serve three purposes:
   1. default prompts for benchmarks (the held-out split, so a draft is never
      benchmarked on prompts it was distilled on),
   2. self-distillation data for training the MTP draft (the train split),
-  3. RL tasks with verifiable rewards (math answers, code asserts).
+  3. RL tasks with verifiable rewards (math answers, code asserts, long arithmetic sequences).
 
 RL API: rl_tasks(name, n, seed, split, difficulty) -> [Task] for name in TASKS; task.reward(completion)
 and rewards(tasks, completions) give floats in [0, 1]. TASKS[name].difficulties lists the levels, easiest
@@ -24,6 +24,7 @@ from bebop.tasks.base import (HELDOUT_PER_MILLE, REWARDS, SPLITS, STREAMS, TASKS
 from bebop.tasks.chat import chat_tasks
 from bebop.tasks.arithmetic import ANSWER_MARKER, ARITHMETIC_LEVELS, MATH_INSTRUCTION, check_math_answer, math_tasks
 from bebop.tasks.code import CODE_INSTRUCTION, CODE_LEVELS, code_rewards, code_tasks, extract_code
+from bebop.tasks.sequence import SEQUENCE_LEVELS, sequence_reward
 from bebop.tasks.files import load_prompts_file
 
 KINDS = tuple(STREAMS)

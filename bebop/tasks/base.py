@@ -21,9 +21,9 @@ HELDOUT_PER_MILLE = 100  # ~10% of distinct prompts are held out
 
 @dataclass(frozen=True)
 class Task:
-    kind: str  # "math", "code" or "chat"
+    kind: str  # "math", "code", "chat" or "sequence"
     prompt: str  # the user message (plain text; the caller applies the chat template)
-    answer: str | None = None  # math: the exact final answer, e.g. "42"; else None
+    answer: str | None = None  # math: the exact final answer, e.g. "42"; sequence: its terms, "3,7,11"; else None
     tests: str | None = None  # code: python assert lines checking the requested function; else None
     # code: a reference implementation that passes `tests`. Never shown to the
     # model; it exists so the test suite can prove every generated task is solvable.
