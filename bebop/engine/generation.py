@@ -273,14 +273,17 @@ def decode(d: Decoding, target: Decoder, mtp: Draft | None, params: SamplingPara
         proposal = kinds = history_rows = None
         if history is not None and mtp is not None and room:  # a hybrid draft: each row its own source
             K, lens, history_rows, kinds = hybrid_plan(d, history, rows, K, lens, room, max_new_tokens)
-        fed = feed_pile(d, mtp, rows, K, width)
+            if history_rows is not None and not bool((lens * ~history_rows[1]).any()):  # only the history drafts:
+                proposal, history_rows = (history_rows[0], lens), None  # the model drafts nothing, for no row
+        fed = feed_pile(d, mtp, rows, K if proposal is None else 0, width)
         if history is not None and mtp is None:
             proposal, kinds = history_proposal(history, sched, rows, K, max_new_tokens, d.costs)
             K, lens = proposal[0].shape[1], proposal[1]
         requests = list(rows.request)
         step_tokens, num_accepted, p, q_own = speculative_step(target, mtp, rows, d.cache, d.mcache, K, params,
                                                                greedy, d.vocab_ids, proposal, lens, history_rows)
-        from_history = None if history_rows is None else history_rows[1]
+        from_history = history_rows[1] if history_rows is not None else \
+            lens > 0 if proposal is not None and mtp is not None else None  # (the rows a hybrid's history drafted)
         if d.acceptance is not None:  # (the trained draft's acceptance: its own rows only)
             d.acceptance.update(K, num_accepted, lens if from_history is None else lens * ~from_history)
         if kinds is not None and K:
@@ -292,7 +295,8 @@ def decode(d: Decoding, target: Decoder, mtp: Draft | None, params: SamplingPara
         finished = sched.record(step_tokens, num_accepted, p)  # (its .tolist() waits for an accelerator)
         if history is not None and history.learn:
             record_history(history, sched, requests, recordings)
-        if d.costs is not None:  # (rows that verified their own numbers of drafts: a ragged step)
+        if d.costs is not None and not (proposal is not None and mtp is not None):  # (a ragged step where rows
+            # verified their own numbers of drafts; a hybrid's steps without the model's drafting are not its cost)
             drafts = None if lens is None or not K else int(lens.sum())
             d.costs.record(n_rows, K, time.perf_counter() - started - fed, drafts)
         free = sched.fill(finished)

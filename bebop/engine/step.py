@@ -88,19 +88,23 @@ class Rows:
         return Rows([self.request[r] for r in rows], [self.gen[r] for r in rows], self.n_out[keep],
                     self.pending[keep], self.pile_tokens[keep], self.pile_feats[keep], self.pile_count[keep])
 
-    def commit_pile(self, K: int, step_tokens, feats, num_accepted) -> None:
-        """After a step: with drafts, the MTP has seen the drafted positions and must next see the accepted
-        ones; after a plain step the one committed position joins the pile."""
-        if K:
+    def commit_pile(self, K: int, step_tokens, feats, num_accepted, drafted: bool = True) -> None:
+        """After a step: where the MTP drafted, it has seen the drafted positions and must next see the accepted
+        ones; otherwise (a plain step, or drafts it did not make) the positions each row committed join the pile."""
+        if K and drafted:
             self.pile_tokens, self.pile_feats, self.pile_count = step_tokens.clamp_min(0), feats, num_accepted + 1
             return
-        if int(self.pile_count.max()) == self.pile_tokens.shape[1]:  # full: twice as wide, a copy per doubling
+        committed = num_accepted + 1  # [B]
+        while int((self.pile_count + committed).max()) > self.pile_tokens.shape[1]:  # twice as wide, a copy each
             self.pile_tokens = torch.cat([self.pile_tokens, torch.zeros_like(self.pile_tokens)], 1)
             self.pile_feats = torch.cat([self.pile_feats, torch.zeros_like(self.pile_feats)], 1)
-        rows = torch.arange(len(self), device=self.pending.device)
-        self.pile_tokens[rows, self.pile_count] = step_tokens[:, 0]
-        self.pile_feats[rows, self.pile_count] = feats[:, 0]
-        self.pile_count = self.pile_count + 1
+        position = torch.arange(K + 1, device=self.pending.device)  # [K+1]
+        kept = position < committed.unsqueeze(1)  # [B, K+1]
+        row = torch.arange(len(self), device=self.pending.device).unsqueeze(1).expand_as(kept)  # [B, K+1]
+        at = self.pile_count.unsqueeze(1) + position  # [B, K+1] where each committed position lands
+        self.pile_tokens[row[kept], at[kept]] = step_tokens[kept]
+        self.pile_feats[row[kept], at[kept]] = feats[kept]
+        self.pile_count = self.pile_count + committed
 
 
 def row_uniforms(gens: list[torch.Generator], K: int, draft_lens: torch.Tensor | None,
@@ -144,8 +148,10 @@ def speculative_step(target: Decoder, mtp: Draft | None, rows: Rows, cache, mcac
     draft_lens [B]: each row verifies only its first k_r <= K of the model's drafts (None: all K).
     history_rows: drafts [B, K] and a mask [B] of the rows that verify these instead of the model's drafts,
     with q one-hot (bebop.drafts.hybrid; draft_lens then gives every row's length).
-    proposal: drafts [B, K] and a draft length per row [B] from a draft that is not a model (mtp None; e.g.
-    bebop.drafts.history), proposed with q one-hot; each row's drafts past its length are padding."""
+    proposal: drafts [B, K] and a draft length per row [B] from a draft that is not a model (e.g.
+    bebop.drafts.history; a hybrid's step where no row takes the model's drafts), proposed with q one-hot; each
+    row's drafts past its length are padding. The MTP (if any) drafts nothing: its pile takes the committed
+    positions."""
     B, device = len(rows), rows.pending.device
     if proposal is not None:
         draft_lens = proposal[1]
@@ -184,7 +190,7 @@ def speculative_step(target: Decoder, mtp: Draft | None, rows: Rows, cache, mcac
                                                          vocab_ids=vocab_ids, draft_lens=draft_lens)
     # 4. commit: each row's cache advances by its own count; rejected entries are overwritten later
     cache.lengths += num_accepted + 1
-    if mtp is not None:
-        rows.commit_pile(K, step_tokens, feats, num_accepted)
+    if mtp is not None:  # (with a proposal, the MTP drafted nothing this step)
+        rows.commit_pile(K, step_tokens, feats, num_accepted, drafted=proposal is None)
     rows.pending = step_tokens[torch.arange(B, device=device), num_accepted]
     return step_tokens, num_accepted, p, q_own

@@ -8,6 +8,7 @@ import torch
 from bebop.drafts.eagle3 import new_eagle3
 from bebop.drafts.registry import new_mtp
 from bebop.engine.generation import generate
+from bebop.engine.step import Rows
 from bebop.models.registry import chat_ids
 from bebop.sampling import SamplingParams, probabilities
 from generation_helpers import TEXTS, scheduled
@@ -41,3 +42,26 @@ def test_mtp_catches_up_after_steps_without_drafts(warm, monkeypatch, feature_la
             h = mtp.unroll(seq, mtp.features(out[1] if mtp.feature_layers else out), 1)[0]
             q = probabilities(mtp.draft_logits(h[0, len(prompt) + m - 1]), params)
         assert tr["draft_entropy"][first] == pytest.approx(float(-torch.special.xlogy(q, q).sum()), abs=1e-4)
+
+
+def test_a_step_the_mtp_did_not_draft_piles_each_rows_committed_positions():
+    """A hybrid's step whose drafts all came from the history: the MTP saw none of it, so every position a row
+    committed joins its pile, as if the row had made that many plain steps."""
+    K, feat = 3, 2
+    step_tokens = torch.tensor([[5, 6, -1, -1], [7, 8, 9, 10], [11, -1, -1, -1]])  # [B, K+1]
+    feats = torch.arange(3 * (K + 1) * feat, dtype=torch.float32).reshape(3, K + 1, feat)  # [B, K+1, F]
+    num_accepted = torch.tensor([1, 3, 0])
+    ragged, plain = Rows.empty(3, feat, torch.float32), Rows.empty(3, feat, torch.float32)
+    ragged.commit_pile(K, step_tokens, feats, num_accepted, drafted=False)
+    for j in range(K + 1):  # the same positions, one plain step at a time, for the rows that committed them
+        at = Rows.empty(3, feat, torch.float32)
+        at.pile_tokens, at.pile_feats, at.pile_count = plain.pile_tokens, plain.pile_feats, plain.pile_count
+        at.commit_pile(0, step_tokens[:, j:j + 1], feats[:, j:j + 1], torch.zeros(3, dtype=torch.long))
+        took = j <= num_accepted
+        plain.pile_count = torch.where(took, at.pile_count, plain.pile_count)
+        plain.pile_tokens, plain.pile_feats = at.pile_tokens, at.pile_feats
+    assert ragged.pile_count.tolist() == plain.pile_count.tolist() == [3, 5, 2]
+    for r, n in enumerate(ragged.pile_count.tolist()):
+        assert ragged.pile_tokens[r, :n].tolist() == plain.pile_tokens[r, :n].tolist()
+        assert torch.equal(ragged.pile_feats[r, :n], plain.pile_feats[r, :n])
+    assert ragged.pile_tokens[1, 1:5].tolist() == [7, 8, 9, 10]
