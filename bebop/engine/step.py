@@ -162,7 +162,7 @@ def speculative_step(target: Decoder, mtp: Draft | None, rows: Rows, cache, mcac
     # 1. draft: the MTP catches up on the pile, which yields draft 1, then recurses for drafts 2..K
     q_own = None
     if proposal is not None:
-        drafts = proposal[0]
+        drafts, vocab_ids = proposal[0], None  # (q over the target's vocabulary, not a draft's own)
         verify_q = torch.zeros(B, K, target.cfg.vocab_size, device=device).scatter_(-1, drafts.unsqueeze(-1), 1.0)
         tokens = torch.cat([rows.pending.unsqueeze(1), drafts], 1)  # [B, K+1]
     elif K:

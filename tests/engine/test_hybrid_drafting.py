@@ -4,8 +4,10 @@ decoding's at temperature 0 and, with a fixed history and draft length, independ
 
 import numpy as np
 import pytest
+import torch
 
 import bebop.engine.generation as engine
+from bebop.drafts.eagle3 import new_eagle3
 from bebop.drafts.history import HistoryDraft, Proposal
 from bebop.drafts.hybrid import HybridDraft, choose_sources
 from bebop.engine.generation import generate
@@ -51,6 +53,25 @@ def test_hybrid_drafts_keep_the_target_distribution(sharp, mode, learn, monkeypa
     assert 0.25 < st.history_drafted / st.drafted < 0.75  # both sources drafted
     assert 0 < st.history_accepted < st.history_drafted and 0 < st.accepted - st.history_accepted
     assert_exact_and_like_ar(model, gen, exact, ar, f"hybrid {mode} learn={learn}")
+
+
+def test_steps_only_the_history_drafts_keep_the_target_distribution(sharp, monkeypatch):
+    """Where the trained draft promises nothing, every row the history can draft for takes its drafts, and a
+    step where all the drafting rows do runs no model drafting (its positions join the model's pile). The
+    trained draft is an EAGLE-3 head over half the vocabulary: the history's q must be over the target's
+    whole vocabulary in those steps too."""
+    monkeypatch.setattr(engine, "MODEL_PRIOR", 0.0)
+    model, _, prompt, exact, ar, earlier = sharp
+    eagle3 = new_eagle3(model, seed=4)
+    eagle3.set_draft_vocab(torch.arange(0, model.cfg.vocab_size, 2))
+    steps, step = [], engine.speculative_step
+    monkeypatch.setattr(engine, "speculative_step", lambda *a: steps.append(a[9] is not None) or step(*a))
+    gen = generate(model, [prompt] * ROWS, 4, SHARP, mode="spec", draft=hybrid_of(eagle3, prompt, earlier, min_chain=0.0),
+                   draft_len=2, seed=15, eos_ids=[], max_batch=8)  # (8 rows: often all take the history)
+    st = gen.stats
+    assert any(steps) and not all(steps)  # (a[9]: the step's proposal) steps of the history alone, and of both
+    assert st.history_drafted / st.drafted > 0.5 and st.drafted > st.history_drafted
+    assert_exact_and_like_ar(model, gen, exact, ar, "hybrid, history-only steps")
 
 
 def test_a_hybrid_row_is_independent_of_the_batch_and_greedy_is_ar(warm):
