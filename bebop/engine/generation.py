@@ -284,7 +284,8 @@ def decode(d: Decoding, target: Decoder, mtp: Draft | None, params: SamplingPara
                                                                greedy, d.vocab_ids, proposal, lens, history_rows)
         from_history = history_rows[1] if history_rows is not None else \
             lens > 0 if proposal is not None and mtp is not None else None  # (the rows a hybrid's history drafted)
-        if d.acceptance is not None:  # (the trained draft's acceptance: its own rows only)
+        if d.acceptance is not None and not (proposal is not None and mtp is not None):  # (the trained draft's
+            # acceptance, from its own rows only; a step it did not draft neither informs nor ages it)
             d.acceptance.update(K, num_accepted, lens if from_history is None else lens * ~from_history)
         if kinds is not None and K:
             history.observe(kinds, num_accepted.tolist())
