@@ -147,7 +147,9 @@ class StepCosts:
     re-learnt from its next measurement). Any other K costs its probe times this bucket's plain-step ratio (or
     the mean ratio so far) times that K's ratio relative to plain steps at the nearest bucket that measured
     both: the probe misses more of a drafting step than of a plain one, and trying each K out at a large batch,
-    where it loses, is dear when smaller batches have already shown it. A K's own measurement, once `refresh`
+    where it loses, is dear when smaller batches have already shown it. Where the bucket's steps drafted per row
+    (`ragged`), their ratio prices every drafting K: a draining batch's plan weighs the rows' drafts with these
+    costs, and takes no other kind of drafting step to measure them by. A K's own measurement, once `refresh`
     steps old, fades towards that estimate (by `forget` a step): a K measured dear is not taken again, so a
     dear measurement would otherwise stay. The engine takes K = 0 twice per bucket first, and again after every
     `refresh` steps without one (`wants_baseline`): plain decoding is the step every other K must beat, and a
@@ -188,6 +190,9 @@ class StepCosts:
             relative = next((ratios[other][K] / ratios[other][0] for _, other in near
                              if other != b and K in ratios[other]), 1.0)
             prior = plain * relative
+            if K and RAGGED in own:  # this bucket's steps of drafts per row measured what its drafting costs
+                w = self.forget ** max(0, self.steps[b] - self.measured[(b, RAGGED)][2] - self.refresh)
+                prior = w * own[RAGGED] + (1 - w) * prior
             if K in own:  # its own measurement, fading back to the prior once it is `refresh` steps old
                 w = self.forget ** max(0, self.steps[b] - self.measured[(b, K)][2] - self.refresh)
                 out.append(probe * (w * own[K] + (1 - w) * prior))

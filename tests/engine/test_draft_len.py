@@ -436,3 +436,21 @@ def test_a_step_whose_rows_draft_their_own_numbers_costs_its_total_drafts(monkey
     costs.record(16, 2, 3.0, drafts=8)
     costs.record(16, 2, 3.0, drafts=8)  # 2x the probe at 0.5 drafts per row: not K = 2's cost
     assert costs.ragged(16, [8, 24]) == pytest.approx([3.0, 5.0]) and costs(16)[2] == pytest.approx(6.0)
+
+
+def test_what_steps_of_drafts_per_row_measured_prices_every_drafting_k(monkeypatch):
+    """A draining batch's steps draft per row (measured apart, as RAGGED), and the plan that chooses the rows'
+    drafts prices them from the K costs: those must take what the bucket's drafting steps measured, not the
+    plain steps' ratio (with which the plan kept drafting at 5-8 rows where a drafting step cost 2-2.7x a plain
+    one on an AVX2 EPYC, and lost a third of the speed)."""
+    monkeypatch.setattr(autodraft, "step_costs", lambda target, mtp, batch, max_k: [1.0, 2.0, 3.0][:max_k + 1])
+    costs = autodraft.StepCosts(None, None, 2, decay=0.5, refresh=4, forget=0.5)
+    costs.record(8, 0, 1.0)
+    costs.record(8, 0, 1.0)  # plain steps at their probe
+    costs.record(8, 2, 4.0, drafts=8)
+    costs.record(8, 2, 4.0, drafts=8)  # drafting steps at twice theirs (the probe says 2.0 at one draft a row)
+    assert costs(8) == pytest.approx([1.0, 4.0, 6.0])
+    assert costs(16) == pytest.approx([1.5, 3.0, 4.5])  # another bucket, none measured: the mean ratio for all
+    for _ in range(12):  # then plain steps only: the drafting measurement fades back towards the plain ratio
+        costs.record(8, 0, 1.0)
+    assert costs(8)[1] == pytest.approx(2.0, rel=0.01)
