@@ -71,16 +71,16 @@ def test_generate_drafts_from_the_history_of_a_prompt(tmp_path, capsys, monkeypa
 
 
 def test_rl_drafts_from_the_history_over_epochs_of_a_fixed_prompt_set(tmp_path, monkeypatch):
-    """bebop rl --draft history --num-train-prompts: the same prompt every step, drafted from its earlier
-    rollouts; the run's config and checkpoint say so."""
+    """bebop rl --draft history --num-train-prompts on the long-answer task: the same prompt every step, drafted
+    from its earlier rollouts; the run's config and checkpoint say so."""
     monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
     out = tmp_path / "run"
-    main(["rl", "--model", "tiny-llama", "--draft", "history", "--task", "arithmetic", "--steps", "2",
+    main(["rl", "--model", "tiny-llama", "--draft", "history", "--task", "sequence", "--steps", "2",
           "--prompts-per-step", "1", "--num-train-prompts", "1", "--num-generations", "2", "--draft-len", "2",
           "--max-completion-length", "8", "--eval-prompts", "2", "--threads", "2", "--autocast", "off",
           "--out", str(out)])
     config = json.loads((out / "config.json").read_text())
-    assert config["draft"] == "history" and config["num_train_prompts"] == 1
+    assert config["draft"] == "history" and config["num_train_prompts"] == 1 and config["task"] == "sequence"
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and rows[-1]["drafted_tokens"] > 0
     history = io.load_checkpoint(out / "ckpt").state["history"]
