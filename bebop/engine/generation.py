@@ -62,6 +62,7 @@ class Decoding:
     acceptance: Acceptance | None  # under "auto": past steps' acceptance
     vocab_ids: torch.Tensor | None  # the draft vocabulary's target ids (None: the full vocabulary)
     packed: bool  # whether rows verifying fewer drafts than others save the padding's work (Decoder.packs)
+    history_costs: StepCosts | None = None  # a hybrid's, under "auto": its steps that run no model drafting
 
 
 def check_arguments(target: Decoder, prompts, max_new_tokens: int, mode: str, mtp: Draft | HistoryDraft | None, draft_len,
@@ -116,7 +117,9 @@ def set_up(target: Decoder, mtp: Draft | None, prompts, max_new_tokens: int, par
     sched = Scheduler(target, mtp, prompts, rollouts, max_new_tokens, params, seed, cache, mcache,
                       set(target.eos_ids if eos_ids is None else eos_ids), acceptance, on_finish, progress, mode)
     sched.stats.draft_len, sched.stats.accepted_at = K_max, [0] * K_max
-    return Decoding(sched, cache, mcache, max_len, K_max, costs, acceptance, vocab_ids, target.packs(cache))
+    history_costs = step_costs_for(target, history, K_max) if auto and history is not None and mtp is not None else None
+    return Decoding(sched, cache, mcache, max_len, K_max, costs, acceptance, vocab_ids, target.packs(cache),
+                    history_costs)
 
 
 def choose_step_draft_len(d: Decoding, rows: Rows, max_new_tokens: int) -> tuple[int, int, torch.Tensor | None, int]:
@@ -212,14 +215,19 @@ def hybrid_plan(d: Decoding, history: HistoryDraft, rows: Rows, K: int, lens: to
     proposed = [history.propose(d.sched.prompts[i], d.sched.out[i].tokens, k) for i, k in zip(rows.request, room_rows)]
     model_lens = [K] * B if lens is None else lens.tolist()
     alphas = d.acceptance.row_alphas().numpy() if d.acceptance is not None else np.full((B, max(room, 1)), MODEL_PRIOR)
-    from_history = choose_sources(proposed, np.cumprod(alphas, -1), model_lens)
-    if K == 0 and d.costs is not None and any(from_history):  # drafting only for the history: worth its cost?
-        worth = [0] * B if d.costs.wants_baseline(B) else \
-            drafts_worth_verifying([p.chances if h else [] for p, h in zip(proposed, from_history)], d.costs, B)
+    chain = np.cumprod(alphas, -1)  # [B, K_max] the chance that the trained draft's drafts 1..j are all accepted
+    from_history = choose_sources(proposed, chain, model_lens)
+    costs = d.history_costs or d.costs  # (a step without the model's drafting)
+    if K and costs is not None and any(from_history) and not model_pays(proposed, from_history, chain, model_lens,
+                                                                        d.costs, costs, B):
+        K, model_lens = 0, [0] * B  # the history drafts this step alone, as where the trained draft plans none
+    if K == 0 and costs is not None and any(from_history):  # drafting only for the history: worth its cost?
+        worth = [0] * B if costs.wants_baseline(B) else \
+            drafts_worth_verifying([p.chances if h else [] for p, h in zip(proposed, from_history)], costs, B)
         proposed = [Proposal(p.tokens[:k], p.chances[:k], p.kinds[:k]) for p, k in zip(proposed, worth)]
         from_history = [h and k > 0 for h, k in zip(from_history, worth)]
-    if not any(from_history):
-        return K, lens, None, None
+    if not any(from_history):  # (K is 0 where the trained draft's rows were dropped: a plain step)
+        return K, lens if K else None, None, None
     new_lens = [len(p.tokens) if h else k for p, h, k in zip(proposed, from_history, model_lens)]
     K = max(new_lens)
     drafts = torch.full((B, K), NO_TOKEN, dtype=torch.long)
@@ -228,6 +236,22 @@ def hybrid_plan(d: Decoding, history: HistoryDraft, rows: Rows, K: int, lens: to
             drafts[r, :len(p.tokens)] = torch.tensor(p.tokens, dtype=torch.long)
     kinds = [p.kinds if h else [] for p, h in zip(proposed, from_history)]
     return K, torch.tensor(new_lens), (drafts, torch.tensor(from_history)), kinds
+
+
+def model_pays(proposed: list[Proposal], from_history: list[bool], chain: np.ndarray, model_lens: list[int],
+               model_costs: StepCosts, history_costs: StepCosts, batch: int) -> bool:
+    """Whether the trained draft's rows are worth its drafting in a step the history drafts too: expected tokens
+    a second with them (the step priced as the model's drafting steps measured) against without them (as the
+    history's own steps measured)."""
+    history_drafts = sum(len(p.tokens) for p, h in zip(proposed, from_history) if h)
+    history_gain = sum(sum(p.chances) for p, h in zip(proposed, from_history) if h)
+    model_rows = [(r, k) for r, (h, k) in enumerate(zip(from_history, model_lens)) if not h and k]
+    if not model_rows:
+        return False
+    model_gain = sum(float(chain[r, :k].sum()) for r, k in model_rows)
+    with_model = model_costs.ragged(batch, [history_drafts + sum(k for _, k in model_rows)])[0]
+    without = history_costs.ragged(batch, [history_drafts])[0]
+    return (batch + history_gain + model_gain) / with_model > (batch + history_gain) / without
 
 
 def drafts_worth_verifying(chances: list[list[float]], costs: StepCosts, batch: int) -> list[int]:
@@ -296,10 +320,13 @@ def decode(d: Decoding, target: Decoder, mtp: Draft | None, params: SamplingPara
         finished = sched.record(step_tokens, num_accepted, p)  # (its .tolist() waits for an accelerator)
         if history is not None and history.learn:
             record_history(history, sched, requests, recordings)
-        if d.costs is not None and not (proposal is not None and mtp is not None):  # (a ragged step where rows
-            # verified their own numbers of drafts; a hybrid's steps without the model's drafting are not its cost)
-            drafts = None if lens is None or not K else int(lens.sum())
-            d.costs.record(n_rows, K, time.perf_counter() - started - fed, drafts)
+        if d.costs is not None:  # (rows that verified their own numbers of drafts: a ragged step)
+            seconds, drafts = time.perf_counter() - started - fed, None if lens is None or not K else int(lens.sum())
+            history_step = K and proposal is not None and mtp is not None  # a hybrid's, without the model's drafting
+            if not history_step:
+                d.costs.record(n_rows, K, seconds, drafts)
+            if d.history_costs is not None and (history_step or not K):  # (plain steps: both tables' baseline)
+                d.history_costs.record(n_rows, K, seconds, drafts)
         free = sched.fill(finished)
     sched.bar.close()
     return traced

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import bebop.engine.draft_len as autodraft
 import bebop.engine.generation as engine
 from bebop.drafts.eagle3 import new_eagle3
 from bebop.drafts.history import HistoryDraft, Proposal
@@ -98,3 +99,21 @@ def test_a_row_drafts_from_the_source_that_promises_more():
     sure, unsure, none = Proposal([5, 6], [0.9, 0.8], []), Proposal([5], [0.5], []), Proposal([], [], [])
     assert choose_sources([sure, unsure, none], chain, [3, 3, 3]) == [True, False, False]
     assert choose_sources([sure, unsure, none], chain, [0, 0, 0]) == [True, True, False]  # it would not draft
+
+
+@pytest.mark.parametrize("model_table, history_table, pays", [
+    ([1.0, 3.0, 5.0], [1.0, 1.2, 1.4], False),  # drafting dear beside verifying (this CPU): the history alone
+    ([1.0, 1.1, 1.2], [1.0, 1.05, 1.1], True),  # drafting nearly free (an accelerator): the trained draft joins
+])
+def test_the_trained_draft_joins_a_history_step_only_where_it_pays(monkeypatch, model_table, history_table, pays):
+    """Two rows take the history's drafts and two the trained draft's: the step runs the model's drafting only
+    where its rows' expected tokens outweigh what the model's drafting steps cost over the history's own."""
+    tables = {"model": model_table, "history": history_table}
+    monkeypatch.setattr(autodraft, "step_costs", lambda target, mtp, batch, max_k: tables[mtp][:max_k + 1])
+    model_costs, history_costs = autodraft.StepCosts(None, "model", 2), autodraft.StepCosts(None, "history", 2)
+    proposed = [Proposal([5, 6], [0.9, 0.8], []), Proposal([7, 8], [0.9, 0.8], []), Proposal([], [], []),
+                Proposal([], [], [])]
+    chain = np.full((4, 2), [0.5, 0.25])
+    from_history = [True, True, False, False]
+    assert engine.model_pays(proposed, from_history, chain, [2, 2, 2, 2], model_costs, history_costs, 4) == pays
+    assert not engine.model_pays(proposed, from_history, chain, [2, 2, 0, 0], model_costs, history_costs, 4)
