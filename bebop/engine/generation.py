@@ -217,7 +217,7 @@ def hybrid_plan(d: Decoding, history: HistoryDraft, rows: Rows, K: int, lens: to
     alphas = d.acceptance.row_alphas().numpy() if d.acceptance is not None else np.full((B, max(room, 1)), MODEL_PRIOR)
     chain = np.cumprod(alphas, -1)  # [B, K_max] the chance that the trained draft's drafts 1..j are all accepted
     from_history = choose_sources(proposed, chain, model_lens)
-    costs = d.history_costs or d.costs  # (a step without the model's drafting)
+    costs = d.history_costs if d.history_costs is not None else d.costs  # (a step without the model's drafting)
     if K and costs is not None and any(from_history) and not model_pays(proposed, from_history, chain, model_lens,
                                                                         d.costs, costs, B):
         K, model_lens = 0, [0] * B  # the history drafts this step alone, as where the trained draft plans none
@@ -303,13 +303,13 @@ def decode(d: Decoding, target: Decoder, mtp: Draft | None, params: SamplingPara
         if history is not None and mtp is None:
             proposal, kinds = history_proposal(history, sched, rows, K, max_new_tokens, d.costs)
             K, lens = proposal[0].shape[1], proposal[1]
+        history_step = K and proposal is not None and mtp is not None  # a hybrid's, without the model's drafting
         requests = list(rows.request)
         step_tokens, num_accepted, p, q_own = speculative_step(target, mtp, rows, d.cache, d.mcache, K, params,
                                                                greedy, d.vocab_ids, proposal, lens, history_rows)
-        from_history = history_rows[1] if history_rows is not None else \
-            lens > 0 if proposal is not None and mtp is not None else None  # (the rows a hybrid's history drafted)
-        if d.acceptance is not None and not (proposal is not None and mtp is not None):  # (the trained draft's
-            # acceptance, from its own rows only; a step it did not draft neither informs nor ages it)
+        from_history = history_rows[1] if history_rows is not None else lens > 0 if history_step else None
+        if d.acceptance is not None and not history_step:  # (the trained draft's acceptance, from its own rows
+            # only; a step it did not draft neither informs nor ages it)
             d.acceptance.update(K, num_accepted, lens if from_history is None else lens * ~from_history)
         if kinds is not None and K:
             history.observe(kinds, num_accepted.tolist())
@@ -322,7 +322,6 @@ def decode(d: Decoding, target: Decoder, mtp: Draft | None, params: SamplingPara
             record_history(history, sched, requests, recordings)
         if d.costs is not None:  # (rows that verified their own numbers of drafts: a ragged step)
             seconds, drafts = time.perf_counter() - started - fed, None if lens is None or not K else int(lens.sum())
-            history_step = K and proposal is not None and mtp is not None  # a hybrid's, without the model's drafting
             if not history_step:
                 d.costs.record(n_rows, K, seconds, drafts)
             if d.history_costs is not None and (history_step or not K):  # (plain steps: both tables' baseline)

@@ -94,17 +94,15 @@ class Rows:
         if K and drafted:
             self.pile_tokens, self.pile_feats, self.pile_count = step_tokens.clamp_min(0), feats, num_accepted + 1
             return
-        committed = num_accepted + 1  # [B]
-        while int((self.pile_count + committed).max()) > self.pile_tokens.shape[1]:  # twice as wide, a copy each
+        while int(self.pile_count.max()) + K + 1 > self.pile_tokens.shape[1]:  # twice as wide, a copy each
             self.pile_tokens = torch.cat([self.pile_tokens, torch.zeros_like(self.pile_tokens)], 1)
             self.pile_feats = torch.cat([self.pile_feats, torch.zeros_like(self.pile_feats)], 1)
-        position = torch.arange(K + 1, device=self.pending.device)  # [K+1]
-        kept = position < committed.unsqueeze(1)  # [B, K+1]
-        row = torch.arange(len(self), device=self.pending.device).unsqueeze(1).expand_as(kept)  # [B, K+1]
-        at = self.pile_count.unsqueeze(1) + position  # [B, K+1] where each committed position lands
-        self.pile_tokens[row[kept], at[kept]] = step_tokens[kept]
-        self.pile_feats[row[kept], at[kept]] = feats[kept]
-        self.pile_count = self.pile_count + committed
+        # all K+1 positions are written after each row's pile (no host sync); past a row's committed ones they
+        # lie beyond its count, as a drafting step's rejected positions do, and are overwritten later
+        at = self.pile_count.unsqueeze(1) + torch.arange(K + 1, device=self.pending.device)  # [B, K+1]
+        self.pile_tokens.scatter_(1, at, step_tokens.clamp_min(0))
+        self.pile_feats.scatter_(1, at.unsqueeze(-1).expand(-1, -1, feats.shape[-1]), feats)
+        self.pile_count = self.pile_count + num_accepted + 1
 
 
 def row_uniforms(gens: list[torch.Generator], K: int, draft_lens: torch.Tensor | None,
