@@ -226,6 +226,15 @@ def paged_runs(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
     return device.type == "cpu" and head_dim in PAGED_HEAD_DIMS and cpu.vllm_cpu_attention() and vllm_computes(dtype)
 
 
+def attention_isa(cache_dtype: torch.dtype, head_dim: int) -> str:
+    """The instruction set vLLM's CPU attention runs on, as vLLM picks it for its own model runner (its
+    cpu_attn backend's _get_attn_isa; PAGE is a multiple of 32): "vec16" for head sizes not a multiple of 32,
+    AMX tiles for a bf16 cache only (an fp32 cache on "amx" aborts the process in C++), else "vec"."""
+    if head_dim % 32:
+        return "vec16"
+    return "amx" if cpu.amx() and cache_dtype == torch.bfloat16 else "vec"
+
+
 @dataclass
 class PagedStep:
     """What vLLM's CPU attention needs for one forward of T new tokens per row over a paged cache, built once
@@ -235,7 +244,7 @@ class PagedStep:
     query_start: torch.Tensor  # [B + 1] int32: row b's queries are rows T*b .. T*b + T - 1 of the flat query
     block_table: torch.Tensor  # [B, blocks] int32
     schedule: torch.Tensor  # the kernel's work split (get_scheduler_metadata)
-    isa: str  # "amx" with AMX tiles, else "vec"
+    isa: str  # the kernels' instruction set: "amx", "vec" or "vec16" (attention_isa)
 
     @classmethod
     def build(cls, cache, positions: torch.Tensor, n_heads: int):
@@ -248,7 +257,7 @@ class PagedStep:
         seq_lens = (positions[:, -1] + 1).to(torch.int32)
         query_start = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=positions.device)
         block_table = (rows[:, None] * blocks + torch.arange(blocks, device=positions.device)).to(torch.int32)
-        isa = "amx" if cpu.amx() else "vec"
+        isa = attention_isa(cache.dtype, head_dim)
         schedule = torch.ops._C.get_scheduler_metadata(B, n_heads, n_kv, head_dim, seq_lens, cache.dtype,
                                                        query_start, True, -1, isa, False, None, "auto")
         return cls(slots, seq_lens, query_start, block_table, schedule, isa)
