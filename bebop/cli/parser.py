@@ -335,6 +335,9 @@ def build_parser():
     p.add_argument("--final-eval-prompts", type=int, default=32, help="held-out prompts for the final evaluation")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per held-out prompt in the final evaluation")
     p.add_argument("--out", required=True, help="output directory: one checkpoint per loss and the comparison")
+    p.add_argument("--keep", help="a directory (e.g. under results/) where each finished draft's evaluation and "
+                   "gzipped training metrics are copied as soon as it is done, and read back first: a comparison "
+                   "goes on from these files on another machine, without the drafts")
     deprecated(p, "--eval-samples", "--final-eval-prompts")
     deprecated(p, "--eval-new-tokens", "--max-new-tokens")
     p.set_defaults(func="train:cmd_compare_losses")

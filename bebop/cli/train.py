@@ -94,5 +94,5 @@ def cmd_compare_losses(args):
     model, _ = load_model(args.model, compile=compile_arg(args), dtype="float32", device=args.device)
     compare_losses(model, args.data, names, cfg, args.out, temperatures=temperatures,
                    eval_prompts=args.final_eval_prompts, eval_new_tokens=args.max_new_tokens, seed=args.seed,
-                   seeds=args.seeds)
+                   seeds=args.seeds, keep=args.keep)
     print((Path(args.out) / "compare.md").read_text())

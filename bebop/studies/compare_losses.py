@@ -4,9 +4,13 @@ engine's real acceptance for each on the held-out split at several temperatures,
 initialisation and the order of its batches), and the losses are compared on their seed means: each measure's
 mean with its 95% t-interval, and each loss against the first listed with Welch's 95% interval. Writes
 compare.md, compare.json and compare.png in the output directory. Training and evaluations resume, so an
-interrupted comparison picks up where it stopped."""
+interrupted comparison picks up where it stopped. With `keep`, each finished draft's evaluation and training metrics
+(gzipped) are also copied into that directory as soon as it is done, and read back first on a later run, so a
+comparison too long for one machine's session goes on from its committed files on another, without the draft."""
 
+import gzip
 import json
+import shutil
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -34,9 +38,11 @@ def evaluate_draft(target, draft, prompts, temperatures, draft_len, max_new_toke
 
 
 def compare_losses(target, data_dir, loss_names, cfg: TrainConfig, out_dir, temperatures=(0.6, 1.0, 1.2),
-                   eval_prompts=32, eval_new_tokens=64, seed=0, seeds: int = 1) -> dict:
+                   eval_prompts=32, eval_new_tokens=64, seed=0, seeds: int = 1, keep=None) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if keep is not None:
+        restore(keep, out)
     prompts = [r["prompt_ids"] for r in load_split(data_dir, "heldout")[:eval_prompts]]
     results, teacher_forced = [], {}
     for name in loss_names:
@@ -44,17 +50,19 @@ def compare_losses(target, data_dir, loss_names, cfg: TrainConfig, out_dir, temp
             run = name if train_seed == cfg.seed else f"{name}-seed{train_seed}"  # (the first as one seed names it)
             run_cfg = replace(cfg, loss=name, seed=train_seed)
             ckpt = out / f"{cfg.kind}-{run}"  # the draft kind names the file
-            train_draft(target, data_dir, ckpt, run_cfg, resume=has_checkpoint(ckpt))
             done = out / f"eval-{run}.json"  # evaluations are kept too, so a rerun only does what is missing
             saved = json.loads(done.read_text()) if done.exists() else {}
             # as JSON stores them (tuples become lists), or a saved evaluation never matches
             settings = json.loads(json.dumps({"temperatures": list(temperatures), "prompts": len(prompts),
                                               "new_tokens": eval_new_tokens, "seed": seed, "config": vars(run_cfg)}))
-            if saved.get("settings") != settings:
+            if saved.get("settings") != settings or not trained(ckpt, run_cfg.steps):
+                train_draft(target, data_dir, ckpt, run_cfg, resume=has_checkpoint(ckpt))
                 rows = evaluate_draft(target, load_draft(ckpt, target), prompts, temperatures, cfg.draft_len,
                                     eval_new_tokens, seed)
                 saved = {"settings": settings, "rows": rows}
                 done.write_text(json.dumps(saved))
+                if keep is not None:
+                    keep_run(out, keep, ckpt.name, done.name)
             results += [{"loss": name, "seed": train_seed, **row} for row in saved["rows"]]
             teacher_forced[run] = {"loss": name, "seed": train_seed, **last_heldout_eval(ckpt)}
     report = {"data": str(data_dir), "config": vars(cfg), "temperatures": list(temperatures),
@@ -94,6 +102,33 @@ def over_seeds(report, loss_names) -> list[dict]:
                 row["minus_first_ci95"] = None if math.isnan(c.low) else [float(c.low), float(c.high)]
             rows.append(row)
     return rows
+
+
+def trained(ckpt, steps: int) -> bool:
+    """Whether the draft's training metrics end with its final held-out evaluation, at `steps`."""
+    metrics = Path(f"{ckpt}.metrics.jsonl")
+    return metrics.exists() and last_heldout_eval(ckpt)["step"] == steps
+
+
+def keep_run(out: Path, keep, draft: str, evaluation: str):
+    """Copy one finished draft's evaluation and gzipped training metrics from `out` into `keep`."""
+    keep = Path(keep)
+    keep.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(out / evaluation, keep / evaluation)
+    with open(out / f"{draft}.metrics.jsonl", "rb") as src, gzip.GzipFile(keep / f"{draft}.metrics.jsonl.gz", "wb",
+                                                                         mtime=0) as dst:
+        shutil.copyfileobj(src, dst)
+
+
+def restore(keep, out: Path):
+    """Copy into `out` the kept evaluations and training metrics that `out` does not hold yet."""
+    for kept in sorted(Path(keep).glob("eval-*.json")):
+        if not (out / kept.name).exists():
+            shutil.copyfile(kept, out / kept.name)
+    for kept in sorted(Path(keep).glob("*.metrics.jsonl.gz")):
+        if not (out / kept.stem).exists():
+            with gzip.open(kept, "rb") as src, open(out / kept.stem, "wb") as dst:
+                shutil.copyfileobj(src, dst)
 
 
 def last_heldout_eval(ckpt) -> dict:

@@ -176,6 +176,28 @@ def test_losses_compared_over_seeds_train_a_draft_per_seed_and_compare_seed_mean
     assert all(len(r["values"]) == 3 for r in report["over_seeds"])
 
 
+def test_a_comparison_goes_on_elsewhere_from_its_kept_files_without_the_drafts(sharp, data, tmp_path):
+    """--keep: each finished draft's evaluation and metrics are copied out as it finishes; a comparison on an empty
+    output directory reads them back and trains only the seeds that were not kept, and its report is the one an
+    uninterrupted comparison writes."""
+    from bebop.studies.compare_losses import compare_losses
+
+    model, _ = sharp
+    cfg = TrainConfig(draft_len=2, steps=3, batch_size=4, eval_every=3, eval_prompts=0, features_dtype="float32",
+                      autocast="off", seed=5)
+    kw = dict(temperatures=(1.0,), eval_prompts=2, eval_new_tokens=6)
+    keep = tmp_path / "kept"
+    compare_losses(model, data, ["e2e-tv", "ce"], cfg, tmp_path / "here", seeds=1, keep=keep, **kw)
+    assert sorted(p.name for p in keep.iterdir()) == ["eval-ce.json", "eval-e2e-tv.json", "mtp-ce.metrics.jsonl.gz",
+                                                      "mtp-e2e-tv.metrics.jsonl.gz"]
+    elsewhere = tmp_path / "elsewhere"  # another machine: the kept files only
+    report = compare_losses(model, data, ["e2e-tv", "ce"], cfg, elsewhere, seeds=2, keep=keep, **kw)
+    assert sorted(p.stem for p in elsewhere.glob("*.safetensors")) == ["mtp-ce-seed6", "mtp-e2e-tv-seed6"]
+    assert len(list(keep.glob("eval-*.json"))) == 4
+    whole = compare_losses(model, data, ["e2e-tv", "ce"], cfg, tmp_path / "whole", seeds=2, **kw)
+    assert report["results"] == whole["results"] and report["teacher_forced"] == whole["teacher_forced"]
+
+
 def test_resume_refuses_other_data_other_settings_or_nothing(sharp, data, tmp_path):
     model, _ = sharp
     cfg = TrainConfig(loss="kl", draft_len=2, steps=2, batch_size=4, eval_every=100, save_every=1, eval_prompts=0,
