@@ -166,6 +166,13 @@ class Linear(nn.Linear):
         self.__dict__.pop("_packed", None)  # .to(), .float(), ...: the weight is about to be replaced
         return super()._apply(fn, *args, **kwargs)
 
+    def __getstate__(self):
+        """A copy (copy.deepcopy, pickle) builds its own fast copies on first use: a OneDNNMatmul owns a
+        handler that only one object may release (two that shared it crashed the process)."""
+        state = super().__getstate__()
+        state.pop("_packed", None)
+        return state
+
 
 def set_linear(module: nn.Module, kind: str) -> None:
     """Run every bebop Linear in `module` with the kernel `kind` (LINEAR_KINDS, or kinds per row count)."""

@@ -2,15 +2,17 @@
 vLLM's paged CPU attention what SDPA does over the same prompts."""
 
 import copy
+import gc
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from bebop.models import cpu, registry
 from bebop.models.cache import KVCache, step_positions
-from bebop.models.kernels import (ATTENTION, ATTENTION_KINDS, DECODE_MAX_T, PAGE, Linear, amx_weights, linear_rows,
-                                  onednn_weights, packs_weights, paged_runs)
+from bebop.models.kernels import (ATTENTION, ATTENTION_KINDS, DECODE_MAX_T, LINEAR_KINDS, PAGE, Linear, amx_weights,
+                                  linear_rows, onednn_weights, packs_weights, paged_runs)
 
 
 @pytest.mark.parametrize("kernel", ATTENTION_KINDS)
@@ -135,6 +137,27 @@ def test_fast_fp32_linears_compute_what_f_linear_does(load_models, kind):
         assert kind in model.layers[0].w13.__dict__["_packed"]
         for a, b in zip(packed, plain):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)  # (after the update, a stale copy would not)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_copied_linear_builds_its_own_fast_weights(dtype):
+    """copy.deepcopy of a model (the RL reference model, a dtype probe's copies, a draft copied with the
+    history it keeps costs for) leaves the fast copies behind: a OneDNNMatmul's handler released by one
+    object's copy left the other's dangling, and the process crashed later. Every fast kind that runs here
+    is built, the layer copied, the copy dropped, and the original still computes F.linear's result."""
+    layer = Linear(64, 96).to(dtype)
+    x = torch.randn(5, 64, dtype=dtype)
+    kinds = [k for k in LINEAR_KINDS if k != "plain" and layer.fast(k) is not None]
+    layer.__dict__.setdefault("_packed", {})["unrunnable"] = (None, object())  # (what any machine can check)
+    twin = copy.deepcopy(layer)
+    assert "_packed" not in twin.__dict__ and set(layer.__dict__["_packed"]) == {*kinds, "unrunnable"}
+    del twin
+    gc.collect()
+    layer.__dict__["_packed"].pop("unrunnable")
+    for kind in kinds:
+        layer.kind, layer.rows = kind, linear_rows(kind)
+        with torch.no_grad():
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=2e-2, atol=2e-2)
 
 
 def test_a_linear_kind_per_row_count_is_parsed_and_checked():
