@@ -18,6 +18,7 @@ until the last row finishes (drain_seconds), from each row's own acceptance and 
   in the step it is used for, so each step is an ordinary speculative step with a K fixed beforehand.
 """
 
+import copy
 import functools
 import json
 import math
@@ -164,6 +165,16 @@ class StepCosts:
         self.ratio_sum, self.ratio_n = 0.0, 0
         self.catch_up_rate = None  # seconds per row and position the MTP is fed in a catch-up
         self.row_spread = 0.0  # the between-row spread of acceptance the last generation measured (Acceptance)
+
+    def __deepcopy__(self, memo):
+        """A copy measures the same models: it refers to them (or to their copies, where they are copied in the
+        same deepcopy), never copies them. The costs are kept on a draft (step_costs_for), and a copied history
+        draft must not bring a copy of the target along."""
+        new = copy.copy(self)
+        memo[id(self)] = new
+        for name, value in vars(self).items():
+            setattr(new, name, memo.get(id(value), value) if name in ("target", "mtp") else copy.deepcopy(value, memo))
+        return new
 
     def probed_at(self, b: int) -> list[float]:
         if b not in self.probed:

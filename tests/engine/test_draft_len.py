@@ -388,6 +388,26 @@ def test_step_costs_are_kept_across_generate_calls(tiny_llama, tmp_path, monkeyp
     assert autodraft.step_costs_for(other, mtp, 2) is not first
 
 
+def test_a_copied_history_draft_keeps_its_costs_but_not_a_copy_of_the_target(tiny_llama, tmp_path, monkeypatch):
+    """The costs kept on a draft refer to the target they measured: a copy of the draft (history_epochs.py
+    copies a history draft between rounds) refers to the same target, while the costs' own tables are its own;
+    copied with its draft, a cost table refers to the draft's copy."""
+    import copy
+
+    from bebop.drafts.history import HistoryDraft
+
+    model, tok = tiny_llama
+    monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
+    history = HistoryDraft()
+    generate(model, [chat_ids(tok, "hello")] * 2, 8, mode="spec", draft=history, draft_len="auto", max_draft_len=2,
+             eos_ids=[])
+    costs = autodraft.step_costs_for(model, history, 2)
+    twin = copy.deepcopy(history)
+    twin_costs = autodraft.step_costs_for(model, twin, 2)
+    assert twin_costs is not costs and twin_costs.target is model and twin_costs.mtp is twin
+    assert twin_costs.measured == costs.measured and twin_costs.measured is not costs.measured
+
+
 def test_compiled_and_eager_steps_have_costs_of_their_own(tiny_llama, tmp_path, monkeypatch):
     """The compiled step makes the target's forward cheaper and leaves the draft's as it was, so K pays
     otherwise: its costs are probed, kept on disk and measured apart from eager's (a bench interleaves both)."""
