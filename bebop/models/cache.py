@@ -61,9 +61,11 @@ def step_positions(cache: KVCache, T: int, n_heads: int = 0):
     instead of the bias."""
     device = cache.lengths.device
     positions = cache.lengths.unsqueeze(1) + torch.arange(T, device=device)
+    S = int(positions.max()) + 1
+    if S > cache.max_len:  # (a paged cache's kernel checks nothing: past the last row it writes outside memory)
+        raise RuntimeError(f"{T} new tokens reach position {S - 1}, past the KV cache's {cache.max_len}")
     if cache.paged:
         return positions, PagedStep.build(cache, positions, n_heads)
-    S = int(positions.max()) + 1
     allowed = torch.arange(S, device=device).view(1, 1, 1, S) <= positions.view(-1, 1, T, 1)
     bias = torch.zeros(allowed.shape, dtype=cache.dtype, device=device).masked_fill_(~allowed, float("-inf"))
     return positions, bias

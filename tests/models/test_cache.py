@@ -1,8 +1,9 @@
 """bebop.models.cache: the KV cache's buffers and its row moves."""
 
+import pytest
 import torch
 
-from bebop.models.cache import KVCache
+from bebop.models.cache import KVCache, step_positions
 
 
 def test_kv_cache_layers_share_no_storage():
@@ -28,3 +29,16 @@ def test_kv_cache_keep_rows_moves_only_what_changes_place():
         for k, v in zip(cache.k, cache.v):
             torch.testing.assert_close(v, -k)
     assert cache.lengths.tolist() == [10]  # [10, 14, 12] -> [12, 10] -> [10]
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_a_forward_past_the_cache_is_refused_before_anything_is_written(paged):
+    """A paged cache's kernel writes wherever a position points (past the last row: outside the buffer, a
+    crash much later), so the positions are checked for every kind of cache before the forward."""
+    cache = KVCache(1, 2, 1, 40, 4, paged=paged)
+    cache.lengths = torch.tensor([30, 37])
+    with pytest.raises(RuntimeError, match="position 40, past the KV cache's 40"):
+        step_positions(cache, 4, 1)
+    if not paged:  # (a paged one builds the kernel's step, which needs vLLM's kernels loaded)
+        positions, _ = step_positions(cache, 3, 1)
+        assert positions.tolist() == [[30, 31, 32], [37, 38, 39]]
