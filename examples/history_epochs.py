@@ -4,15 +4,20 @@ model's trained draft alone, and the hybrid of both (bebop.drafts.hybrid: per ro
 promises more), all under auto draft lengths.
 
     python examples/history_epochs.py [--task code] [--prompts 2] [--group 8] [--epochs 3] [--max-new-tokens 96]
-        [--temperature 1.0] [--max-draft-len 4] [--drafts history,model,hybrid] [--out results/bench/history-epochs.json]
+        [--temperature 1.0] [--max-draft-len 4] [--drafts history,model,hybrid] [--dtype float32] [--repeats 1]
+        [--out results/bench/history-epochs.json]
 
 Each epoch samples every prompt `group` times (one batch of prompts x group rows, EOS stops) in every arm, the
 order rotating, with the same seeds; time per generated token is compared within the epoch (the machine's
-speed drifts between epochs). The histories start empty: epoch 0 drafts only from the group's text.
+speed drifts between epochs). The histories start empty: epoch 0 drafts only from the group's text. With
+--repeats R every arm runs R rounds of an epoch, each round from the history the epoch started with (the last
+round's rollouts are the ones it learns); an epoch's speedup is the median over rounds of each round's ratio.
 """
 
 import argparse
+import copy
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -41,6 +46,7 @@ def main():
     ap.add_argument("--max-draft-len", type=int, default=4)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--drafts", default="history,model,hybrid", help="the speculative arms beside ar")
+    ap.add_argument("--repeats", type=int, default=1, help="timed rounds of every arm per epoch")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     model, tok = load_model(args.model, dtype=args.dtype)
@@ -71,13 +77,23 @@ def main():
             history_of(draft).prompts.clear()
     names, epochs = list(arms), []
     for epoch in range(args.epochs):
-        out = {}
-        for arm in names[epoch % len(names):] + names[:epoch % len(names)]:
-            seconds, g = run(arm, epoch)
-            out[arm] = {"seconds": seconds, "tokens": g.stats.tokens, "stats": g.stats.summary()}
-        per_token = {arm: out[arm]["seconds"] / out[arm]["tokens"] for arm in out}
-        row = {"epoch": epoch, **out, "speedup_per_token": {arm: per_token["ar"] / per_token[arm] for arm in out}}
+        start = {arm: copy.deepcopy(history_of(d)) for arm, d in arms.items() if history_of(d) is not None}
+        rounds = []
+        for r in range(args.repeats):
+            out = {}
+            shift = (epoch + r) % len(names)
+            for arm in names[shift:] + names[:shift]:
+                if arm in start:  # every round drafts from the history the epoch started with
+                    set_history(arms, arm, copy.deepcopy(start[arm]))
+                seconds, g = run(arm, epoch)
+                out[arm] = {"seconds": seconds, "tokens": g.stats.tokens, "stats": g.stats.summary()}
+            rounds.append(out)
+        per_token = [{arm: o[arm]["seconds"] / o[arm]["tokens"] for arm in o} for o in rounds]
+        speedup = {arm: statistics.median(p["ar"] / p[arm] for p in per_token) for arm in names}
+        row = {"epoch": epoch, **rounds[-1], "speedup_per_token": speedup,
+               "rounds_speedup_per_token": [{arm: p["ar"] / p[arm] for arm in names} for p in per_token]}
         epochs.append(row)
+        out = rounds[-1]
         for arm in names[1:]:
             s = out[arm]["stats"]
             share = f", history drafted {s['history_drafted'] / s['drafted']:.2f} of it" if arm == "hybrid" and s["drafted"] else ""
@@ -88,6 +104,13 @@ def main():
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"command": vars(args), "machine": machine, "rows": len(prompts),
                                               "epochs": epochs}, indent=1))
+
+
+def set_history(arms: dict, arm: str, history: HistoryDraft) -> None:
+    if isinstance(arms[arm], HistoryDraft):
+        arms[arm] = history
+    else:
+        arms[arm].history = history
 
 
 if __name__ == "__main__":
