@@ -99,9 +99,12 @@ class Rows:
             self.pile_feats = torch.cat([self.pile_feats, torch.zeros_like(self.pile_feats)], 1)
         # all K+1 positions are written after each row's pile (no host sync); past a row's committed ones they
         # lie beyond its count, as a drafting step's rejected positions do, and are overwritten later
+        # (indexed writes, a whole feature vector each: scatter_ over an expanded index wrote element by element,
+        # 5 ms a step at 64 rows of EAGLE-3's three captured layers in bf16, a fifth of a plain step there)
         at = self.pile_count.unsqueeze(1) + torch.arange(K + 1, device=self.pending.device)  # [B, K+1]
-        self.pile_tokens.scatter_(1, at, step_tokens.clamp_min(0))
-        self.pile_feats.scatter_(1, at.unsqueeze(-1).expand(-1, -1, feats.shape[-1]), feats)
+        rows = torch.arange(len(at), device=at.device).unsqueeze(1)  # [B, 1]
+        self.pile_tokens[rows, at] = step_tokens.clamp_min(0)
+        self.pile_feats[rows, at] = feats
         self.pile_count = self.pile_count + num_accepted + 1
 
 
