@@ -100,7 +100,7 @@ class Rows:
         # all K+1 positions are written after each row's pile (no host sync); past a row's committed ones they
         # lie beyond its count, as a drafting step's rejected positions do, and are overwritten later
         # (indexed writes, a whole feature vector each: scatter_ over an expanded index wrote element by element,
-        # 5 ms a step at 64 rows of EAGLE-3's three captured layers in bf16, a fifth of a plain step there)
+        # 1.7 s of a 13.8 s generation of 64 rows with EAGLE-3's three captured layers in bf16)
         at = self.pile_count.unsqueeze(1) + torch.arange(K + 1, device=self.pending.device)  # [B, K+1]
         rows = torch.arange(len(at), device=at.device).unsqueeze(1)  # [B, 1]
         self.pile_tokens[rows, at] = step_tokens.clamp_min(0)
