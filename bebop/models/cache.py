@@ -54,18 +54,18 @@ class KVCache:
         self.lengths[rows] = src.lengths[src_rows]
 
 
-def step_positions(cache: KVCache, T: int, n_heads: int = 0):
+def step_positions(cache: KVCache, T: int, n_heads: int = 0, valid: torch.Tensor | None = None):
     """Positions [B, T] of T new tokens per row, and the additive causal bias [B, 1, T, S] over the cache
     (0 where a row may attend, -inf elsewhere), built once per forward in the cache's dtype (every layer and
-    every attention kernel takes it as is); for a paged cache, a PagedStep (for `n_heads` query heads)
-    instead of the bias."""
+    every attention kernel takes it as is); for a paged cache, a PagedStep (for `n_heads` query heads, and
+    with `valid` [B, T] for a packed step's real tokens only) instead of the bias."""
     device = cache.lengths.device
     positions = cache.lengths.unsqueeze(1) + torch.arange(T, device=device)
     S = int(positions.max()) + 1
     if S > cache.max_len:  # (a paged cache's kernel checks nothing: past the last row it writes outside memory)
         raise RuntimeError(f"{T} new tokens reach position {S - 1}, past the KV cache's {cache.max_len}")
     if cache.paged:
-        return positions, PagedStep.build(cache, positions, n_heads)
+        return positions, PagedStep.build(cache, positions, n_heads, valid)
     allowed = torch.arange(S, device=device).view(1, 1, 1, S) <= positions.view(-1, 1, T, 1)
     bias = torch.zeros(allowed.shape, dtype=cache.dtype, device=device).masked_fill_(~allowed, float("-inf"))
     return positions, bias

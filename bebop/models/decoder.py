@@ -159,17 +159,18 @@ class Packed:
     instead of B * T. The attention runs in two parts where every row has its first token (a verify step: the
     pending token): every row's first token, a plain decoding step's attention; then the other tokens of the
     rows that have more (the drafting rows), over those rows' cache only. Otherwise on the padded layout, where
-    a padded query reads the cache like any other and its output is dropped."""
+    a padded query reads the cache like any other and its output is dropped. Over a paged cache vLLM's kernel
+    takes the packed queries as they are, each row its own number (a PagedStep built with `valid`)."""
     b: torch.Tensor  # [N] row of each valid token
     t: torch.Tensor  # [N] its place in the row
     B: int
     T: int
-    bias: torch.Tensor  # [B, 1, T, S] the step's additive causal bias
+    bias: torch.Tensor | PagedStep  # [B, 1, T, S] the step's additive causal bias (a paged cache's PagedStep)
     first: torch.Tensor | None  # [B] where each row's first token is in the packed order (None: a row has none)
     drafting: torch.Tensor  # [R] the rows with more than one token
     rest: torch.Tensor  # [M] where their other tokens are in the packed order
     rest_at: tuple[torch.Tensor, torch.Tensor]  # ([M] index into drafting, [M] place after the first token)
-    rest_bias: torch.Tensor  # [R, 1, T-1, S] the bias of the drafting rows' other tokens
+    rest_bias: torch.Tensor | None  # [R, 1, T-1, S] the bias of the drafting rows' other tokens (None: paged)
 
     @classmethod
     def of(cls, valid: torch.Tensor, bias: torch.Tensor) -> "Packed":
@@ -181,7 +182,8 @@ class Packed:
         rest = (t > 0).nonzero().squeeze(1)  # [M]
         slot = torch.full((B,), -1, dtype=torch.long, device=b.device)
         slot[drafting] = torch.arange(len(drafting), device=b.device)
-        return cls(b, t, B, T, bias, first, drafting, rest, (slot[b[rest]], t[rest] - 1), bias[drafting, :, 1:])
+        rest_bias = None if isinstance(bias, PagedStep) else bias[drafting, :, 1:]
+        return cls(b, t, B, T, bias, first, drafting, rest, (slot[b[rest]], t[rest] - 1), rest_bias)
 
     def attend(self, q, k_cache, v_cache, attention) -> torch.Tensor:
         """q [1, H, N, D] over the cache (its step's k/v written) -> the attention's output [1, H, N, D];
@@ -275,8 +277,8 @@ class Decoder(nn.Module):
 
     def packs(self, cache: KVCache) -> bool:
         """Whether a step whose rows verify different numbers of drafts skips the padding's per-token work
-        (eager over a plain cache: Packed) rather than paying for the whole padded step."""
-        return not cache.paged and not self.compiled
+        (eager: Packed) rather than paying for the whole padded step (compiled: one graph per padded shape)."""
+        return not self.compiled
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, cache: KVCache, capture: tuple[int, ...] = (),
@@ -289,11 +291,12 @@ class Decoder(nn.Module):
         With `compiled` set, decode and verify forwards (up to DECODE_MAX_T new tokens) run the layers through
         torch.compile (bebop.models.compiled); prompts run eagerly.
         `valid` [B, T] (bool): which new tokens are real where rows verify different numbers of drafts; the rest
-        is padding, whose outputs mean nothing. Eager over a plain cache the per-token work runs on the valid
-        tokens only (Packed); compiled or paged, on all of them (the padding's cache entries then lie past the
-        row's length, as rejected drafts' do)."""
-        positions, bias = step_positions(cache, tokens.shape[1], self.cfg.n_heads)
-        if valid is not None and not bool(valid.all()) and self.packs(cache):
+        is padding, whose outputs mean nothing. Eager the per-token work runs on the valid tokens only
+        (Packed); compiled, on all of them (the padding's cache entries then lie past the row's length, as
+        rejected drafts' do)."""
+        packs = valid is not None and not bool(valid.all()) and self.packs(cache)
+        positions, bias = step_positions(cache, tokens.shape[1], self.cfg.n_heads, valid if packs else None)
+        if packs:
             packed = Packed.of(valid, bias)
             out = run_layers(self, tokens, cache.k, cache.v, positions, bias, capture, packed)
             return (packed.unpack(out[0]), packed.unpack(torch.cat(out[1], -1))) if capture else packed.unpack(out)

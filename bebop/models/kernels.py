@@ -246,23 +246,32 @@ def attention_isa(cache_dtype: torch.dtype, head_dim: int) -> str:
 class PagedStep:
     """What vLLM's CPU attention needs for one forward of T new tokens per row over a paged cache, built once
     for all layers (step_positions): row b's positions p live in block b * blocks + p // PAGE."""
-    slots: torch.Tensor  # [B * T] int64: b * blocks * PAGE + position, where each new token's k/v is written
-    seq_lens: torch.Tensor  # [B] int32: positions a row attends over after this step's (length + T)
-    query_start: torch.Tensor  # [B + 1] int32: row b's queries are rows T*b .. T*b + T - 1 of the flat query
+    slots: torch.Tensor  # [N] int64: b * blocks * PAGE + position, where each new token's k/v is written
+    seq_lens: torch.Tensor  # [B] int32: positions a row attends over after this step's (length + its tokens)
+    query_start: torch.Tensor  # [B + 1] int32: row b's queries are rows query_start[b] .. query_start[b+1] - 1
+    # of the flat query (T*b .. T*b + T - 1 where every row has T; packed, each row its own number)
     block_table: torch.Tensor  # [B, blocks] int32
     schedule: torch.Tensor  # the kernel's work split (get_scheduler_metadata)
     isa: str  # the kernels' instruction set: "amx", "vec" or "vec16" (attention_isa)
 
     @classmethod
-    def build(cls, cache, positions: torch.Tensor, n_heads: int):
+    def build(cls, cache, positions: torch.Tensor, n_heads: int, valid: torch.Tensor | None = None):
+        """For the new tokens at `positions` [B, T]; with `valid` [B, T] (each row's real tokens, a prefix of
+        its T), for those only, packed row after row (bebop.models.decoder.Packed): the kernel takes each row's
+        own number of queries, so the padding costs nothing."""
         if not cpu.vllm_cpu_attention():  # (loads the kernel library on first use)
             raise RuntimeError("a paged KV cache needs vLLM's CPU attention kernels, which are not loaded here")
         B, T = positions.shape
         _, blocks, n_kv, _, head_dim = cache.k[0].shape
         rows = torch.arange(B, dtype=torch.long, device=positions.device)
-        slots = (rows[:, None] * (blocks * PAGE) + positions).reshape(-1)
-        seq_lens = (positions[:, -1] + 1).to(torch.int32)
-        query_start = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=positions.device)
+        slots = rows[:, None] * (blocks * PAGE) + positions  # [B, T]
+        if valid is None:
+            slots, seq_lens = slots.reshape(-1), (positions[:, -1] + 1).to(torch.int32)
+            query_start = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=positions.device)
+        else:
+            counts = valid.sum(1)  # [B] each row's tokens
+            slots, seq_lens = slots[valid], (positions[:, 0] + counts).to(torch.int32)
+            query_start = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
         block_table = (rows[:, None] * blocks + torch.arange(blocks, device=positions.device)).to(torch.int32)
         isa = attention_isa(cache.dtype, head_dim)
         schedule = torch.ops._C.get_scheduler_metadata(B, n_heads, n_kv, head_dim, seq_lens, cache.dtype,

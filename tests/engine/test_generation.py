@@ -142,8 +142,10 @@ def test_spec_on_fast_linears_matches_ar(sharp, kind, dtype):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_spec_on_paged_attention_matches_ar(vllm_model_dir, dtype):
     """vLLM's CPU attention over a paged cache (what --dtype auto picks where it is loaded and faster): on a
-    sharpened model (bf16 or fp32) with a head size it supports, speculative sampling equals plain sampling on it, and
+    sharpened model (bf16 or fp32) with a head size it supports, speculative sampling equals plain sampling on it
+    (with a model's drafts, K for every row, and with a history's, each row its own number: a packed verify), and
     plain sampling on it equals plain sampling with SDPA over the usual cache (tokens and pairs)."""
+    from bebop.drafts.history import HistoryDraft
     from bebop.models.kernels import paged_runs
     from bebop.models.registry import load_model
 
@@ -161,8 +163,15 @@ def test_spec_on_paged_attention_matches_ar(vllm_model_dir, dtype):
     gen = generate(model, [prompt] * ROWS, 3, SHARP, mode="spec", draft=mtp, draft_len=2, seed=33, eos_ids=[])
     assert 0.05 < gen.stats.acceptance_rate < 0.95  # both acceptance and rejection happen
     toks = token_matrix(gen)
+    history = HistoryDraft(min_chain=0.0, learn=False)
+    for i, r in enumerate(generate(model, [prompt] * 300, 3, SHARP, mode="ar", seed=34, eos_ids=[]).rollouts):
+        history.add(prompt, r.tokens[:2 + i % 2])  # cut short: where it is the only match a row drafts one
+    ragged = generate(model, [prompt] * ROWS, 4, SHARP, mode="spec", draft=history, draft_len=2, seed=35, eos_ids=[])
+    assert 0.05 < ragged.stats.acceptance_rate < 0.95
+    assert 1 < ragged.stats.drafted / ragged.stats.steps < 2  # some rows drafted one token, some two
     pairs = lambda t: t[:, 1] * model.cfg.vocab_size + t[:, 2]  # noqa: E731
-    for label, a, b in (("spec vs ar, paged", toks, ar), ("ar paged vs ar sdpa", ar, sdpa)):
+    for label, a, b in (("spec vs ar, paged", toks, ar), ("ar paged vs ar sdpa", ar, sdpa),
+                        ("history drafts vs ar, paged", token_matrix(ragged)[:, :3], ar)):
         for j in range(3):
             assert two_sample(a[:, j], b[:, j]) > P_OK, f"{label}: token {j}"
         assert two_sample(pairs(a), pairs(b)) > P_OK, f"{label}: tokens (1, 2)"
