@@ -11,13 +11,15 @@ Each epoch samples every prompt `group` times (one batch of prompts x group rows
 order rotating, with the same seeds; time per generated token is compared within the epoch (the machine's
 speed drifts between epochs). The histories start empty: epoch 0 drafts only from the group's text. With
 --repeats R every arm runs R rounds of an epoch, each round from the history the epoch started with (the last
-round's rollouts are the ones it learns); an epoch's speedup is the median over rounds of each round's ratio.
+round's rollouts are the ones it learns) and with its own seed, the same in every arm. An epoch's speedup is
+ar's seconds per token over the arm's, each summed over the rounds: EOS makes a round's length (and how long
+its batch spends in the few-row tail) a draw of the sampling, which differs between arms in a round since
+auto K changes the draws, so one round's ratio swings with its lengths while the sums converge.
 """
 
 import argparse
 import copy
 import json
-import statistics
 import time
 from pathlib import Path
 
@@ -61,17 +63,17 @@ def main():
     print(f"{args.model}, {machine}; {len(prompts)} rows ({args.prompts} prompts x {args.group}), T={args.temperature}, "
           f"max_draft_len {args.max_draft_len}", flush=True)
 
-    def run(arm, epoch):
+    def run(arm, seed):
         start = time.perf_counter()
         g = generate(model, prompts, args.max_new_tokens, params, mode="ar" if arm == "ar" else "spec", draft=arms[arm],
-                     draft_len="auto", max_draft_len=args.max_draft_len, seed=1000 + epoch)
+                     draft_len="auto", max_draft_len=args.max_draft_len, seed=seed)
         return time.perf_counter() - start, g
 
     # auto's one-off cost probes, at every batch size a draining batch passes through, before anything is timed
     probe_buckets(model, HistoryDraft(), len(prompts), args.max_draft_len)
     probe_buckets(model, trained, len(prompts), args.max_draft_len)
     for arm in arms:  # warm-up (the histories are emptied below)
-        run(arm, -1)
+        run(arm, 999)
     for draft in arms.values():
         if history_of(draft) is not None:
             history_of(draft).prompts.clear()
@@ -85,13 +87,15 @@ def main():
             for arm in names[shift:] + names[:shift]:
                 if arm in start:  # every round drafts from the history the epoch started with
                     set_history(arms, arm, copy.deepcopy(start[arm]))
-                seconds, g = run(arm, epoch)
+                seconds, g = run(arm, 1000 + epoch * args.repeats + r)
                 out[arm] = {"seconds": seconds, "tokens": g.stats.tokens, "stats": g.stats.summary()}
             rounds.append(out)
         per_token = [{arm: o[arm]["seconds"] / o[arm]["tokens"] for arm in o} for o in rounds]
-        speedup = {arm: statistics.median(p["ar"] / p[arm] for p in per_token) for arm in names}
+        summed = {arm: sum(o[arm]["seconds"] for o in rounds) / sum(o[arm]["tokens"] for o in rounds) for arm in names}
+        speedup = {arm: summed["ar"] / summed[arm] for arm in names}
         row = {"epoch": epoch, **rounds[-1], "speedup_per_token": speedup,
-               "rounds_speedup_per_token": [{arm: p["ar"] / p[arm] for arm in names} for p in per_token]}
+               "rounds_speedup_per_token": [{arm: p["ar"] / p[arm] for arm in names} for p in per_token],
+               "rounds_seconds_tokens": [{arm: [o[arm]["seconds"], o[arm]["tokens"]] for arm in names} for o in rounds]}
         epochs.append(row)
         out = rounds[-1]
         for arm in names[1:]:
