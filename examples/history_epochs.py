@@ -14,7 +14,10 @@ speed drifts between epochs). The histories start empty: epoch 0 drafts only fro
 round's rollouts are the ones it learns) and with its own seed, the same in every arm. An epoch's speedup is
 ar's seconds per token over the arm's, each summed over the rounds: EOS makes a round's length (and how long
 its batch spends in the few-row tail) a draw of the sampling, which differs between arms in a round since
-auto K changes the draws, so one round's ratio swings with its lengths while the sums converge.
+auto K changes the draws, so one round's ratio swings with its lengths while the sums converge. Beside it,
+the speedup per batch: ar's seconds over the arm's, summed over the rounds, the wall time an RL step waits
+for its rollouts (the same in expectation: the drafts are lossless, so every arm's lengths have one
+distribution; steadier where the longest row, which sets a batch's time, mostly runs to the token limit).
 """
 
 import argparse
@@ -93,7 +96,9 @@ def main():
         per_token = [{arm: o[arm]["seconds"] / o[arm]["tokens"] for arm in o} for o in rounds]
         summed = {arm: sum(o[arm]["seconds"] for o in rounds) / sum(o[arm]["tokens"] for o in rounds) for arm in names}
         speedup = {arm: summed["ar"] / summed[arm] for arm in names}
+        seconds = {arm: sum(o[arm]["seconds"] for o in rounds) for arm in names}  # what an RL step waits for
         row = {"epoch": epoch, **rounds[-1], "speedup_per_token": speedup,
+               "speedup_per_batch": {arm: seconds["ar"] / seconds[arm] for arm in names},
                "rounds_speedup_per_token": [{arm: p["ar"] / p[arm] for arm in names} for p in per_token],
                "rounds_seconds_tokens": [{arm: [o[arm]["seconds"], o[arm]["tokens"]] for arm in names} for o in rounds]}
         epochs.append(row)
@@ -101,7 +106,8 @@ def main():
         for arm in names[1:]:
             s = out[arm]["stats"]
             share = f", history drafted {s['history_drafted'] / s['drafted']:.2f} of it" if arm == "hybrid" and s["drafted"] else ""
-            print(f"epoch {epoch} {arm:8s}: {row['speedup_per_token'][arm]:.2f}x ar per token; acceptance "
+            print(f"epoch {epoch} {arm:8s}: {row['speedup_per_token'][arm]:.2f}x ar per token, "
+                  f"{row['speedup_per_batch'][arm]:.2f}x per batch; acceptance "
                   f"{s['acceptance_rate'] or 0:.2f}, mean acceptance length {s['mean_acceptance_length'] or 1:.2f}, "
                   f"drafted {s['drafted']}{share}", flush=True)
     if args.out:
