@@ -2,7 +2,9 @@
 engine's real acceptance for each on the held-out split at several temperatures, with `spec` and (for the record)
 `spec-greedy`. With `seeds` > 1, every loss is trained again from seeds cfg.seed + 1, ... (the draft's
 initialisation and the order of its batches), and the losses are compared on their seed means: each measure's
-mean with its 95% t-interval, and each loss against the first listed with Welch's 95% interval. Writes
+mean with its 95% t-interval, and each loss against the first listed with Welch's 95% interval and, paired by
+seed (one seed's drafts share their initialisation, batches and, on a machine that made the data, the data),
+the t-interval of the seeds' differences. Writes
 compare.md, compare.json and compare.png in the output directory. Training and evaluations resume, so an
 interrupted comparison picks up where it stopped. With `keep`, each finished draft's evaluation and training metrics
 (gzipped) are also copied into that directory as soon as it is done, and read back first on a later run, so a
@@ -79,27 +81,32 @@ def compare_losses(target, data_dir, loss_names, cfg: TrainConfig, out_dir, temp
 def over_seeds(report, loss_names) -> list[dict]:
     """Each loss's seed values of every measure (teacher-forced mean acceptance length 1 + E[A] and alpha per
     depth; in the engine, `spec`'s mean acceptance length per temperature): mean, 95% t-interval, and the
-    difference from the first loss's mean with Welch's 95% interval."""
-    values = {}  # (measure, loss) -> one value per seed
+    difference from the first loss's mean with Welch's 95% interval and, over the seeds both have, the
+    t-interval of the per-seed differences (paired)."""
+    values = {}  # (measure, loss) -> {seed: value}
     for tf in report["teacher_forced"].values():
-        values.setdefault(("teacher-forced mean acceptance length", tf["loss"]), []).append(1 + tf["expected_accepted"])
+        at = tf["seed"]
+        values.setdefault(("teacher-forced mean acceptance length", tf["loss"]), {})[at] = 1 + tf["expected_accepted"]
         for depth, a in enumerate(tf["alpha"], 1):
-            values.setdefault((f"teacher-forced alpha at depth {depth}", tf["loss"]), []).append(a)
+            values.setdefault((f"teacher-forced alpha at depth {depth}", tf["loss"]), {})[at] = a
     for r in report["results"]:
         if r["mode"] == "spec":
-            values.setdefault((f"mean acceptance length, T={r['temperature']:g}", r["loss"]), []).append(
-                r["mean_acceptance_length"])
+            values.setdefault((f"mean acceptance length, T={r['temperature']:g}", r["loss"]), {})[r["seed"]] = \
+                r["mean_acceptance_length"]
     rows = []
     for measure in dict.fromkeys(m for m, _ in values):
         first = values[(measure, loss_names[0])]
         for loss in loss_names:
-            x = values[(measure, loss)]
+            by_seed = values[(measure, loss)]
+            x = list(by_seed.values())
             mean, ci = mean_ci(x)
             row = {"measure": measure, "loss": loss, "values": x, "mean": mean, "ci95": ci}
             if loss != loss_names[0]:
-                c = stats.ttest_ind(x, first, equal_var=False).confidence_interval(0.95)
-                row["minus_first"] = mean - sum(first) / len(first)
+                c = stats.ttest_ind(x, list(first.values()), equal_var=False).confidence_interval(0.95)
+                row["minus_first"] = mean - sum(first.values()) / len(first)
                 row["minus_first_ci95"] = None if math.isnan(c.low) else [float(c.low), float(c.high)]
+                paired = [by_seed[k] - first[k] for k in by_seed if k in first]
+                row["minus_first_paired_ci95"] = mean_ci(paired)[1] if paired else None
             rows.append(row)
     return rows
 
@@ -161,11 +168,16 @@ def markdown(report) -> str:
     if report.get("over_seeds"):
         first = report["over_seeds"][0]["loss"]
         lines += ["", f"Over {report['seeds']} seeds per loss (training seeds {cfg['seed']}..{cfg['seed'] + report['seeds'] - 1}): "
-                  f"seed mean with its 95% t-interval; each loss minus {first}, Welch's 95% interval:", "",
-                  f"| measure | loss | mean [95% CI] | minus {first} [95% CI] |", "|---|---|---|---|"]
+                  f"seed mean with its 95% t-interval; each loss minus {first}, Welch's 95% interval and, paired by "
+                  "seed, the t-interval of the seeds' differences:", "",
+                  f"| measure | loss | mean [95% CI] | minus {first} [Welch 95% CI] | paired by seed [95% CI] |",
+                  "|---|---|---|---|---|"]
         for r in report["over_seeds"]:
-            diff = "" if "minus_first" not in r else f"{r['minus_first']:+.4f} {interval(r['minus_first_ci95'], '+')}"
-            lines.append(f"| {r['measure']} | {r['loss']} | {r['mean']:.4f} {interval(r['ci95'])} | {diff} |")
+            diff = paired = ""
+            if "minus_first" in r:
+                diff = f"{r['minus_first']:+.4f} {interval(r['minus_first_ci95'], '+')}"
+                paired = interval(r.get("minus_first_paired_ci95"), "+")
+            lines.append(f"| {r['measure']} | {r['loss']} | {r['mean']:.4f} {interval(r['ci95'])} | {diff} | {paired} |")
     lines += ["", "![acceptance per loss and temperature](compare.png)", ""]
     return "\n".join(lines)
 

@@ -168,6 +168,11 @@ def test_losses_compared_over_seeds_train_a_draft_per_seed_and_compare_seed_mean
     assert "minus_first" not in e2e and tf["minus_first"] == pytest.approx(tf["mean"] - e2e["mean"])
     low, high = tf["minus_first_ci95"]
     assert low < tf["minus_first"] < high
+    # paired by seed: the interval of the per-seed differences, which Welch's (of two unpaired samples) is not
+    per_seed = [a - b for a, b in zip(tf["values"], e2e["values"])]
+    low, high = tf["minus_first_paired_ci95"]
+    assert low < sum(per_seed) / 2 < high
+    assert high - low == pytest.approx(2 * 12.706 * abs(per_seed[0] - per_seed[1]) / 2, rel=1e-3)
     assert "| teacher-forced mean acceptance length | ce |" in (tmp_path / "compare.md").read_text()
     written = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("eval-*.json")}
     report = compare_losses(model, data, ["e2e-tv", "ce"], cfg, tmp_path, seeds=3, **kw)
