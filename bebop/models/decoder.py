@@ -173,7 +173,7 @@ class Packed:
     rest_bias: torch.Tensor | None  # [R, 1, T-1, S] the bias of the drafting rows' other tokens (None: paged)
 
     @classmethod
-    def of(cls, valid: torch.Tensor, bias: torch.Tensor) -> "Packed":
+    def of(cls, valid: torch.Tensor, bias: "torch.Tensor | PagedStep") -> "Packed":
         b, t = valid.nonzero(as_tuple=True)
         B, T = valid.shape
         first = (t == 0).nonzero().squeeze(1)
