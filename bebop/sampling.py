@@ -126,7 +126,7 @@ def residual(p: torch.Tensor, q: torch.Tensor, vocab_ids: torch.Tensor | None = 
 
 
 def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, final_u, vocab_ids=None,
-                             draft_lens=None):
+                             draft_lens=None, proposed=None):
     """The speculative step of Leviathan et al. / Chen et al. (2023) with explicit uniforms.
 
     target_probs [B, K+1, V] = p_1..p_{K+1}; draft_probs [B, K, V] = q_1..q_K; draft_tokens [B, K] = x_i ~ q_i.
@@ -140,6 +140,10 @@ def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, 
     draft_lens [B]: a draft length per row, k_r <= K (None: K for every row). Row r's drafts past k_r are
     padding, never accepted: if its k_r drafts are all accepted its bonus token comes from p_{k_r+1}, as if the
     step had drafted k_r (k_r = 0: a plain step, one token from p_1).
+    proposed [B] bool: rows whose drafts were proposed, not sampled (a history draft's): q is one-hot at each
+    of their drafts, so x is accepted iff u < p(x) and the residual is p without x. Their rows of draft_probs
+    are never read, and draft_probs may be None where every row's drafts were proposed: the same draws as a
+    dense one-hot q, without its [B, K, V] tensor.
     Returns tokens [B, K+1] (accepted drafts, the residual/bonus token, then PLACEHOLDER_TOKEN_ID) and num_accepted [B]."""
     B, K = draft_tokens.shape
     device = target_probs.device
@@ -147,12 +151,16 @@ def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, 
     if K == 0:
         return sample(target_probs[:, 0], final_u).unsqueeze(1), torch.zeros(B, dtype=torch.long, device=device)
     p_x = target_probs[:, :K].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1).double()
-    if vocab_ids is None:
+    if draft_probs is None:  # every row's drafts proposed
+        q_x, proposed = torch.ones_like(p_x), torch.ones(B, dtype=torch.bool, device=device)
+    elif vocab_ids is None:
         q_x = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1).double()
     else:
         idx = torch.searchsorted(vocab_ids, draft_tokens).clamp_(max=len(vocab_ids) - 1)
         q_x = draft_probs.gather(-1, idx.unsqueeze(-1)).squeeze(-1).double()
         q_x = torch.where(vocab_ids[idx] == draft_tokens, q_x, 0.0)  # a token outside the draft vocab: q = 0
+    if proposed is not None:
+        q_x = torch.where(proposed.unsqueeze(1), 1.0, q_x)
     # u < p/q written as u*q < p: no division, and q(x) = 0 (a token the draft could not have drawn) rejects
     accepted = (accept_u.double() * q_x < p_x) & (q_x > 0)
     lens = torch.full((B,), K, device=device) if draft_lens is None else draft_lens.to(device)
@@ -160,9 +168,17 @@ def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, 
     num_accepted = accepted.long().cumprod(-1).sum(-1)
     # the last token comes from position num_accepted: the residual at the first rejected draft, or p_{k+1}
     # when all k of the row's drafts were accepted, where q counts as 0 and the residual max(p - 0, 0) is p itself
-    last_p = target_probs[rows, num_accepted]
-    last_q = torch.where((num_accepted < lens).unsqueeze(-1), draft_probs[rows, num_accepted.clamp(max=K - 1)], 0.0)
-    correction = residual(last_p, last_q, vocab_ids)
+    last_p = target_probs[rows, num_accepted]  # [B, V]
+    rejected = num_accepted < lens  # [B]
+    if draft_probs is None:
+        correction = last_p
+    else:
+        last_q = torch.where(rejected.unsqueeze(-1), draft_probs[rows, num_accepted.clamp(max=K - 1)], 0.0)
+        correction = residual(last_p, last_q, vocab_ids)
+    if proposed is not None and bool((proposed & rejected).any()):  # max(p - one_hot(x), 0): p without x
+        x = draft_tokens[rows, num_accepted.clamp(max=K - 1)]  # [B] the rejected draft
+        without_x = residual(last_p, torch.zeros_like(last_p).scatter_(-1, x.unsqueeze(-1), 1.0))
+        correction = torch.where((proposed & rejected).unsqueeze(-1), without_x, correction)
     last = sample(correction, final_u)
     tokens = torch.full((B, K + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=device)
     keep = torch.arange(K, device=device).unsqueeze(0) < num_accepted.unsqueeze(1)

@@ -506,6 +506,36 @@ def test_reduced_draft_vocab_gives_the_same_draws_as_its_full_vocab_q():
     assert (reduced[1][:5] == 0).all() and 0 < reduced[1].float().mean() < K
 
 
+@pytest.mark.parametrize("reduced", [False, True])
+def test_proposed_rows_give_the_same_draws_as_a_dense_one_hot_q(reduced):
+    """Rows whose drafts were proposed (q one-hot, never built) must decide exactly as the dense one-hot q does,
+    beside rows whose drafts were sampled from q, and with every row proposed (no q at all)."""
+    g = torch.Generator().manual_seed(1)
+    B, K, V = 512, 3, 40
+    vocab_ids = torch.tensor([1, 4, 5, 9, 17, 22, 30, 31, 38]) if reduced else torch.arange(V)
+    p = torch.randn(B, K + 1, V, generator=g).mul(3).softmax(-1)  # peaked, as a policy's often is
+    q = torch.rand(B, K, len(vocab_ids), generator=g).pow(4)
+    q = q / q.sum(-1, keepdim=True)
+    sampled = vocab_ids[torch.randint(len(vocab_ids), (B, K), generator=g)]
+    proposed = p[:, :K].argmax(-1)  # likely drafts, so that rows get deep before the first rejection
+    proposed[::3] = torch.randint(V, (len(proposed[::3]), K), generator=g)  # and unlikely ones
+    from_history = torch.rand(B, generator=g) < 0.5
+    drafts = torch.where(from_history[:, None], proposed, sampled)
+    lens = torch.randint(K + 1, (B,), generator=g)
+    u, f = torch.rand(B, K, dtype=torch.float64, generator=g), torch.rand(B, dtype=torch.float64, generator=g)
+    q_full = torch.zeros(B, K, V).index_copy_(-1, vocab_ids, q)
+    dense = torch.where(from_history[:, None, None], torch.zeros(B, K, V).scatter_(-1, drafts.unsqueeze(-1), 1.0), q_full)
+    expected = rejection_sample_uniform(p, dense, drafts, u, f, draft_lens=lens)
+    got = rejection_sample_uniform(p, q, drafts, u, f, vocab_ids if reduced else None, lens, from_history)
+    assert torch.equal(expected[0], got[0]) and torch.equal(expected[1], got[1])
+    rejected = from_history & (got[1] < lens)
+    assert rejected.sum() > 20 and (from_history & (got[1] == lens) & (lens > 0)).sum() > 20  # both outcomes seen
+    one_hot = torch.zeros(B, K, V).scatter_(-1, proposed.unsqueeze(-1), 1.0)
+    expected = rejection_sample_uniform(p, one_hot, proposed, u, f, draft_lens=lens)
+    got = rejection_sample_uniform(p, None, proposed, u, f, draft_lens=lens)
+    assert torch.equal(expected[0], got[0]) and torch.equal(expected[1], got[1])
+
+
 def test_entropy_is_minus_sum_p_log_p_with_0_log_0_as_0():
     p = torch.randn(5, 1000, generator=torch.Generator().manual_seed(0)).mul(4).softmax(-1)
     p[:, ::3] = 0.0  # zeros, as top-k / top-p leave them

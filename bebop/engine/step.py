@@ -148,7 +148,8 @@ def speculative_step(target: Decoder, mtp: Draft | None, rows: Rows, cache, mcac
     p [B, K+1, V] and the MTP's own q [B, K, Vd] (None without drafts).
     draft_lens [B]: each row verifies only its first k_r <= K of the model's drafts (None: all K).
     history_rows: drafts [B, K] and a mask [B] of the rows that verify these instead of the model's drafts,
-    with q one-hot (bebop.drafts.hybrid; draft_lens then gives every row's length).
+    with q one-hot (bebop.drafts.hybrid; draft_lens then gives every row's length); a one-hot q is never built
+    (rejection_sample_uniform's `proposed`).
     proposal: drafts [B, K] and a draft length per row [B] from a draft that is not a model (e.g.
     bebop.drafts.history; a hybrid's step where no row takes the model's drafts), proposed with q one-hot; each
     row's drafts past its length are padding. The MTP (if any) drafts nothing: its pile takes the committed
@@ -161,22 +162,17 @@ def speculative_step(target: Decoder, mtp: Draft | None, rows: Rows, cache, mcac
     if draft_lens is not None:
         draft_lens = draft_lens.to(device)
     # 1. draft: the MTP catches up on the pile, which yields draft 1, then recurses for drafts 2..K
-    q_own = None
+    q_own = from_history = None  # from_history [B]: rows whose drafts were proposed, q one-hot at each
     if proposal is not None:
-        drafts, vocab_ids = proposal[0], None  # (q over the target's vocabulary, not a draft's own)
-        verify_q = torch.zeros(B, K, target.cfg.vocab_size, device=device).scatter_(-1, drafts.unsqueeze(-1), 1.0)
+        drafts, verify_q = proposal[0], None  # (every row's q one-hot: no q tensor at all)
         tokens = torch.cat([rows.pending.unsqueeze(1), drafts], 1)  # [B, K+1]
     elif K:
         width = int(rows.pile_count.max())
         drafts, verify_q, q_own = draft(mtp, rows.pile_tokens[:, :width], rows.pile_feats[:, :width],
                                         rows.pile_count, mcache, K, params, greedy, u[:, :K])
-        if history_rows is not None:  # these rows verify the history's drafts, q one-hot over the vocabulary
-            proposed, from_history = history_rows[0].to(device), history_rows[1].to(device)
-            verify_q = mtp.full_vocab(verify_q)  # [B, K, V]
-            one_hot = torch.zeros_like(verify_q).scatter_(-1, proposed.unsqueeze(-1), 1.0)
-            verify_q = torch.where(from_history[:, None, None], one_hot, verify_q)
-            drafts = torch.where(from_history[:, None], proposed, drafts)
-            vocab_ids = None
+        if history_rows is not None:  # these rows verify the history's drafts instead
+            from_history = history_rows[1].to(device)
+            drafts = torch.where(from_history[:, None], history_rows[0].to(device), drafts)
         tokens = torch.cat([rows.pending.unsqueeze(1), drafts], 1)  # [B, K+1]
     else:
         drafts = verify_q = torch.zeros(B, 0, dtype=torch.long, device=device)
@@ -188,7 +184,7 @@ def speculative_step(target: Decoder, mtp: Draft | None, rows: Rows, cache, mcac
     p = verify_probabilities(target, hidden, params, valid)
     # 3. accept
     step_tokens, num_accepted = rejection_sample_uniform(p, verify_q, drafts, u[:, K:2 * K], u[:, 2 * K],
-                                                         vocab_ids=vocab_ids, draft_lens=draft_lens)
+                                                         vocab_ids, draft_lens, from_history)
     # 4. commit: each row's cache advances by its own count; rejected entries are overwritten later
     cache.lengths += num_accepted + 1
     if mtp is not None:  # (with a proposal, the MTP drafted nothing this step)

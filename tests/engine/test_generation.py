@@ -192,7 +192,8 @@ def test_exactness_check_catches_unverified_drafts(sharp, monkeypatch):
     """Emitting the drafts unverified (the draft's histogram) must differ from plain sampling."""
     model, mtp, prompt, exact, ar = sharp
 
-    def accept_all(target_probs, draft_probs, draft_tokens, accept_u, final_u, vocab_ids=None, draft_lens=None):
+    def accept_all(target_probs, draft_probs, draft_tokens, accept_u, final_u, vocab_ids=None, draft_lens=None,
+                   proposed=None):
         B, K = draft_tokens.shape
         bonus = sampling.sample(target_probs[:, K], final_u)
         return torch.cat([draft_tokens, bonus[:, None]], 1), torch.full((B,), K)

@@ -8,6 +8,7 @@ import itertools
 
 import numpy as np
 import pytest
+import torch
 
 import bebop.engine.step as step
 import bebop.sampling as sampling
@@ -76,8 +77,10 @@ def test_history_check_catches_drafts_accepted_as_if_q_were_p(sharp, monkeypatch
     model, prompt, exact, ar, earlier = sharp
     original = sampling.rejection_sample_uniform
 
-    def share_as_q(target_probs, draft_probs, draft_tokens, accept_u, final_u, vocab_ids=None, draft_lens=None):
-        return original(target_probs, draft_probs * 0.5, draft_tokens, accept_u, final_u, vocab_ids, draft_lens)
+    def share_as_q(target_probs, draft_probs, draft_tokens, accept_u, final_u, vocab_ids=None, draft_lens=None,
+                   proposed=None):  # q(x) = 1/2 at every draft instead of one-hot
+        half = torch.zeros_like(target_probs[:, 1:]).scatter_(-1, draft_tokens.unsqueeze(-1), 0.5)
+        return original(target_probs, half, draft_tokens, accept_u, final_u, None, draft_lens)
 
     monkeypatch.setattr(step, "rejection_sample_uniform", share_as_q)
     gen = generate(model, [prompt] * ROWS, 4, SHARP, mode="spec", draft=history_of(prompt, earlier, min_chain=0.0),

@@ -37,7 +37,8 @@ def test_the_engine_passes(tmp_path, capsys, draft, mode):
 
 
 def test_unverified_drafts_fail(tmp_path, capsys, monkeypatch):
-    def accept_all(target_probs, draft_probs, draft_tokens, accept_u, final_u, vocab_ids=None, draft_lens=None):
+    def accept_all(target_probs, draft_probs, draft_tokens, accept_u, final_u, vocab_ids=None, draft_lens=None,
+                   proposed=None):
         B, K = draft_tokens.shape
         bonus = sampling.sample(target_probs[:, K], final_u)
         return torch.cat([draft_tokens, bonus[:, None]], 1), torch.full((B,), K)
