@@ -33,6 +33,7 @@ from bebop.drafts.hybrid import HybridDraft, history_of
 from bebop.drafts.registry import trained_draft
 from bebop.engine.draft_len import probe_buckets
 from bebop.engine.generation import generate
+from bebop.engine.memory import retain_freed_memory
 from bebop.models import cpu
 from bebop.models.registry import chat_ids, load_model
 from bebop.sampling import SamplingParams
@@ -54,6 +55,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=1, help="timed rounds of every arm per epoch")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    retain_freed_memory()  # as in the engine's processes (bebop.engine.memory)
     model, tok = load_model(args.model, dtype=args.dtype)
     tasks = rl_tasks(args.task, args.prompts, seed=0, split="train")
     prompts = [chat_ids(tok, t.prompt) for t in tasks for _ in range(args.group)]

@@ -2,7 +2,7 @@
 and by how many rows were left, with their milliseconds a step and a token, beside plain decoding's.
 
     python examples/step_kinds.py [--task sequence] [--prompts 2] [--group 8] [--epochs 2] [--max-new-tokens 320]
-        [--temperature 0.7] [--max-draft-len 4] [--arms ar,model,hybrid]
+        [--temperature 0.7] [--max-draft-len 4] [--arms ar,model,history,hybrid] [--dtype float32]
 
 Each arm generates the same prompts `epochs` times (seeds 1000, 1001, ...); a hybrid's history learns from every
 epoch, so the last epochs show it as RL's later epochs meet it. A drafting kind that costs more per token than
@@ -20,6 +20,7 @@ from bebop.drafts.history import HistoryDraft
 from bebop.drafts.hybrid import HybridDraft
 from bebop.drafts.registry import trained_draft
 from bebop.engine.draft_len import probe_buckets
+from bebop.engine.memory import retain_freed_memory
 from bebop.models import cpu
 from bebop.models.registry import chat_ids, load_model
 from bebop.sampling import SamplingParams
@@ -41,13 +42,16 @@ def main():
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--max-draft-len", type=int, default=4)
     ap.add_argument("--arms", default="ar,model,hybrid")
+    ap.add_argument("--dtype", default="float32")
     args = ap.parse_args()
-    model, tok = load_model(args.model, dtype="float32")
+    retain_freed_memory()  # as in the engine's processes (bebop.engine.memory)
+    model, tok = load_model(args.model, dtype=args.dtype)
     prompts = [chat_ids(tok, t.prompt) for t in rl_tasks(args.task, args.prompts, seed=0) for _ in range(args.group)]
     params, trained = SamplingParams(temperature=args.temperature), trained_draft(model)
-    print(f"{args.model}, {cpu.cpu_model()} [{cpu.describe()}], {torch.get_num_threads()} threads, float32; "
+    print(f"{args.model}, {cpu.cpu_model()} [{cpu.describe()}], {torch.get_num_threads()} threads, {model.embed.weight.dtype}; "
           f"{len(prompts)} rows, T={args.temperature}", flush=True)
     probe_buckets(model, trained, len(prompts), args.max_draft_len)
+    probe_buckets(model, HistoryDraft(), len(prompts), args.max_draft_len)
 
     seen = collections.defaultdict(lambda: [0, 0.0, 0])  # (rows bucket, kind) -> steps, seconds, tokens
     step = engine.speculative_step
@@ -64,7 +68,8 @@ def main():
     engine.speculative_step = timed
 
     for arm in args.arms.split(","):
-        draft = {"ar": None, "model": trained, "hybrid": HybridDraft(trained, HistoryDraft())}[arm]
+        draft = {"ar": None, "model": trained, "history": HistoryDraft(),
+                 "hybrid": HybridDraft(trained, HistoryDraft())}[arm]
         for epoch in range(args.epochs):
             seen.clear()
             g = engine.generate(model, prompts, args.max_new_tokens, params, mode="ar" if arm == "ar" else "spec",
