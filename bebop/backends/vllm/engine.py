@@ -110,8 +110,10 @@ def serve(args, out) -> None:
 
 class VllmEngine:
     """A vLLM engine in a process of its own, kept alive between batches: `generate(prompts, ...)` returns what
-    `generate` above returns. vLLM's log goes to a file (`log`); an engine that fails to start raises BebopError
-    with its last error line."""
+    `generate` above returns. vLLM's log goes to a file (`log`); an engine that stops (at its start or on a
+    request) raises BebopError with its last error line and the log's path, and keeps that log when closed."""
+
+    failed = False  # it stopped: close() keeps its log, which the error names
 
     def __init__(self, model_dir, dtype: str = "float32", draft=None, num_speculative_tokens: int = 3,
                  draft_sample_method: str = "probabilistic", enforce_eager: bool = False, max_model_len: int = 2048,
@@ -132,6 +134,7 @@ class VllmEngine:
             self.proc.wait()
             self.log.seek(0)
             errors = [x for x in self.log.read().splitlines() if x.startswith("bebop: error")] or ["no output"]
+            self.failed = True
             raise BebopError(f"the vLLM engine stopped (exit {self.proc.returncode}): {errors[-1]}; log: {self.log.name}")
         return json.loads(line)
 
@@ -139,8 +142,11 @@ class VllmEngine:
                  top_k: int = 0, seeds: list[int] | None = None, ignore_eos: bool = False) -> dict:
         request = {"prompts": prompts, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
                    "top_k": top_k, "seeds": seeds or list(range(len(prompts))), "ignore_eos": ignore_eos}
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:  # it stopped since the last request: _answer says why
+            pass
         return self._answer()
 
     def close(self) -> None:
@@ -151,7 +157,8 @@ class VllmEngine:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.log.close()
-        os.unlink(self.log.name)  # an engine that failed keeps its log: _answer raised before anyone closed it
+        if not self.failed:
+            os.unlink(self.log.name)
 
 
 def main(argv=None):

@@ -106,6 +106,19 @@ def test_an_engine_that_cannot_start_is_one_error_line(tmp_path):
     assert "\n" not in str(e.value)
 
 
+def test_an_engine_that_stops_on_a_request_keeps_the_log_its_error_names(tmp_path):
+    """bench closes every engine when one fails: the failed engine's log, which the error line names, must stay."""
+    engine = VllmEngine.__new__(VllmEngine)  # an engine process that answers nothing: it fails at once
+    engine.log = open(tmp_path / "engine.log", "w+")
+    engine.proc = subprocess.Popen([sys.executable, "-c", "import sys; print('bebop: error: boom', file=sys.stderr)"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=engine.log, text=True)
+    engine.proc.wait()
+    with pytest.raises(BebopError, match="boom; log: .*engine.log"):
+        engine.generate([[1, 2]], 4, 1.0)
+    engine.close()
+    assert "boom" in (tmp_path / "engine.log").read_text()
+
+
 def test_the_plugin_fixes_vllms_own_expansion_of_temperatures():
     """vLLM's rejection sampler spreads each request's temperature over its draft tokens with expand_kernel; on
     CPU its stand-in leaves a float buffer unwritten (vllm#55005). Through vLLM's own code path, in a fresh process
