@@ -141,9 +141,9 @@ def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, 
     padding, never accepted: if its k_r drafts are all accepted its bonus token comes from p_{k_r+1}, as if the
     step had drafted k_r (k_r = 0: a plain step, one token from p_1).
     proposed [B] bool: rows whose drafts were proposed, not sampled (a history draft's): q is one-hot at each
-    of their drafts, so x is accepted iff u < p(x) and the residual is p without x. Their rows of draft_probs
-    are never read, and draft_probs may be None where every row's drafts were proposed: the same draws as a
-    dense one-hot q, without its [B, K, V] tensor.
+    of their drafts, so x is accepted iff u < p(x) and the residual is p without x. Whatever draft_probs holds
+    for their rows is ignored, and draft_probs may be None where every row's drafts were proposed: the same
+    draws as a dense one-hot q, without its [B, K, V] tensor.
     Returns tokens [B, K+1] (accepted drafts, the residual/bonus token, then PLACEHOLDER_TOKEN_ID) and num_accepted [B]."""
     B, K = draft_tokens.shape
     device = target_probs.device
