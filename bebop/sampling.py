@@ -125,6 +125,25 @@ def residual(p: torch.Tensor, q: torch.Tensor, vocab_ids: torch.Tensor | None = 
     return torch.where(empty, p, r) if bool(empty.any()) else r
 
 
+def without_rejected_draft(correction, last_p, draft_tokens, num_accepted, fix) -> torch.Tensor:
+    """Writes into `correction` [B, V] (the caller's own tensor), at the rows `fix` [B] (proposed drafts, one
+    rejected), the residual against a one-hot q at the rejected draft x: max(p - one_hot(x), 0) is p with p(x)
+    set to 0 (p(x) <= 1), and where nothing is left but x, p itself (as `residual`). `last_p` [B, V]: p at each
+    row's last position (may be `correction` itself). Only those rows are read and written."""
+    fix = fix.nonzero().squeeze(1)  # [n]
+    if len(fix) == 0:
+        return correction
+    at = torch.arange(len(fix), device=fix.device)
+    x = draft_tokens[fix, num_accepted[fix]]  # [n] the rejected draft
+    p = last_p[fix]  # [n, V] (a copy)
+    p_x = p[at, x]  # [n]
+    p[at, x] = 0.0
+    empty = p.sum(-1) <= 1e-12  # [n]
+    p[at, x] = torch.where(empty, p_x, 0.0)
+    correction[fix] = p
+    return correction
+
+
 def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, final_u, vocab_ids=None,
                              draft_lens=None, proposed=None):
     """The speculative step of Leviathan et al. / Chen et al. (2023) with explicit uniforms.
@@ -175,10 +194,8 @@ def rejection_sample_uniform(target_probs, draft_probs, draft_tokens, accept_u, 
     else:
         last_q = torch.where(rejected.unsqueeze(-1), draft_probs[rows, num_accepted.clamp(max=K - 1)], 0.0)
         correction = residual(last_p, last_q, vocab_ids)
-    if proposed is not None and bool((proposed & rejected).any()):  # max(p - one_hot(x), 0): p without x
-        x = draft_tokens[rows, num_accepted.clamp(max=K - 1)]  # [B] the rejected draft
-        without_x = residual(last_p, torch.zeros_like(last_p).scatter_(-1, x.unsqueeze(-1), 1.0))
-        correction = torch.where((proposed & rejected).unsqueeze(-1), without_x, correction)
+    if proposed is not None:
+        correction = without_rejected_draft(correction, last_p, draft_tokens, num_accepted, proposed & rejected)
     last = sample(correction, final_u)
     tokens = torch.full((B, K + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=device)
     keep = torch.arange(K, device=device).unsqueeze(0) < num_accepted.unsqueeze(1)

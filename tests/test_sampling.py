@@ -16,7 +16,8 @@ import torch
 from scipy.stats import chisquare
 
 import bebop.sampling as S
-from bebop.sampling import SamplingParams, entropy, probabilities, rejection_sample, rejection_sample_uniform, sample
+from bebop.sampling import (SamplingParams, entropy, probabilities, rejection_sample, rejection_sample_uniform, residual,
+                            sample, without_rejected_draft)
 
 V, K, B = 5, 3, 200_000
 P_OK, P_BAD = 1e-3, 1e-6
@@ -534,6 +535,26 @@ def test_proposed_rows_give_the_same_draws_as_a_dense_one_hot_q(reduced):
     expected = rejection_sample_uniform(p, one_hot, proposed, u, f, draft_lens=lens)
     got = rejection_sample_uniform(p, None, proposed, u, f, draft_lens=lens)
     assert torch.equal(expected[0], got[0]) and torch.equal(expected[1], got[1])
+
+
+def test_a_rejected_proposed_draft_leaves_p_without_it_and_p_where_nothing_else_is_left():
+    """The residual against a one-hot q, rows at a time: p with the draft's entry 0, as `residual` computes it
+    from a dense one-hot q, and p itself where the draft held all of p's mass (an empty residual)."""
+    g = torch.Generator().manual_seed(2)
+    B, K, V = 6, 2, 30
+    p = torch.randn(B, V, generator=g).mul(3).softmax(-1)
+    p[4] = 0.0
+    p[4, 7] = 1.0  # all the mass on the draft: nothing else is left
+    drafts = torch.randint(V, (B, K), generator=g)
+    drafts[4, 1] = 7
+    num_accepted = torch.tensor([0, 1, 0, 1, 1, 0])
+    fix = torch.tensor([True, True, False, True, True, False])
+    x = drafts[torch.arange(B), num_accepted]
+    dense = residual(p, torch.zeros_like(p).scatter_(-1, x.unsqueeze(-1), 1.0))
+    got = without_rejected_draft(p.clone(), p, drafts, num_accepted, fix)
+    assert torch.equal(got[fix], dense[fix]) and torch.equal(got[~fix], p[~fix])
+    others = fix & (torch.arange(B) != 4)
+    assert got[4, 7] == 1.0 and (got[others].gather(-1, x[others].unsqueeze(-1)) == 0).all()
 
 
 def test_entropy_is_minus_sum_p_log_p_with_0_log_0_as_0():

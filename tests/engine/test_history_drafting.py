@@ -64,7 +64,8 @@ def test_history_drafts_keep_the_target_distribution(sharp, learn):
 def test_history_check_catches_a_wrong_residual(sharp, monkeypatch):
     """Resampling from p after a rejected one-hot draft (instead of p without that token) must fail."""
     model, prompt, exact, _, earlier = sharp
-    monkeypatch.setattr(sampling, "residual", lambda p, q, vocab_ids=None: p)
+    # (a proposed draft's residual is sampling.without_rejected_draft; left out, the correction is p itself)
+    monkeypatch.setattr(sampling, "without_rejected_draft", lambda correction, *rest: correction)
     gen = generate(model, [prompt] * ROWS, 4, SHARP, mode="spec", draft=history_of(prompt, earlier, min_chain=0.0),
                    draft_len=2, seed=13, eos_ids=[])
     toks = token_matrix(gen)
