@@ -73,6 +73,23 @@ def vllm_library() -> str | None:
                  if capability() == isa and (bf16 or not needs_bf16)), None)
 
 
+# what vLLM asks of torch to pick its kernel build and attention kernels (vllm.platforms.cpu, cpu_attn)
+VLLM_CPU_QUERIES = ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_amx_tile_supported")
+
+
+def show_vllm_this_capability() -> None:
+    """Make vLLM, in this process and those it spawns, load the kernel build bebop loads (vllm_library). vLLM asks
+    the CPU's own flags (torch.cpu's queries read cpuinfo), bebop torch's capability(), which ATEN_CPU_CAPABILITY
+    lowers: with `ATEN_CPU_CAPABILITY=avx2` on an AVX-512 CPU (an AVX2-only CPU emulated), vLLM alone would still
+    run its AVX-512 build, so a comparison would time AVX-512 code against AVX2 code, and a process where bebop
+    had loaded the AVX2 build would load a second. There vLLM's queries answer as on an AVX2-only CPU; elsewhere
+    nothing changes. Call before vLLM is imported, at the top of the module a vLLM process runs (its spawned
+    processes import that module again)."""
+    if capability() == "AVX2" and torch.cpu._is_avx512_supported():
+        for query in VLLM_CPU_QUERIES:
+            setattr(torch.cpu, query, lambda: False)
+
+
 @functools.cache
 def vllm_cpu_ops() -> bool:
     """Whether vLLM's CPU kernels are loaded (`torch.ops._C`, from the `vllm-cpu` package, the `bebop-rl[vllm]`

@@ -24,6 +24,10 @@ import time
 
 from bebop.engine.stats import SpecStats
 from bebop.errors import BebopError
+from bebop.models import cpu
+
+if __name__ in ("__main__", "__mp_main__"):  # the vLLM process, and those vLLM spawns (they import it again)
+    cpu.show_vllm_this_capability()
 
 
 NGRAM = "ngram"  # --draft ngram: vLLM's n-gram drafter (speculative_config method "ngram")

@@ -35,6 +35,7 @@ from bebop.errors import BebopError
 from bebop.seeds import row_seeds
 from bebop.backends.vllm.engine import installed
 from bebop.drafts.formats import export_eagle3
+from bebop.models import cpu
 from bebop.models.registry import hf_dir
 
 # bebop module name -> vLLM's, inside one decoder layer (Llama, Qwen and EAGLE-3 alike)
@@ -116,6 +117,7 @@ class VllmRolloutWorker:
         os.environ.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores)),
                            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        cpu.show_vllm_this_capability()  # (vLLM runs in this process)
         from vllm import LLM
 
         speculative = None
