@@ -53,9 +53,6 @@ def cache_key(model_name: str, device: torch.device) -> str:
     return f"{where} | torch {torch.__version__} | {model_name} | {torch.get_num_threads()} threads"
 
 
-probe_key = cache_key  # old name, kept for one release
-
-
 def time_forward(model: Decoder, batch: int, new_tokens: int) -> float:
     """Seconds of one forward of `new_tokens` tokens per row after PREFIX cached ones and its logits (what a
     decode or verification step costs; the LM head is a large share of a small model's weights)."""

@@ -149,15 +149,15 @@ def test_bebop_compile_decides_what_a_loaded_model_runs(monkeypatch, tiny_llama)
 def test_the_probe_keeps_the_compiled_step_only_where_it_is_faster(monkeypatch, tiny_llama, tmp_path):
     """Compile mode "auto": the probe times compiled against eager (an injected timer here) and keeps it where
     it is 5% faster; the answer is cached with the rest of the probe's."""
-    from bebop.models import tuning as auto_dtype
+    from bebop.models import tuning
 
     for factor, want in ((0.8, True), (0.97, False), (1.2, False)):
         def timer(m, batch, new_tokens):
             return 0.01 * (factor if m.compiled else 1.0)
 
-        got = auto_dtype.choose(tiny_llama[0], f"model-{factor}", tmp_path, timer, compile_mode="auto")
-        assert got["compiled"] is want and len(got["compiled_ms"]["eager"]) == len(auto_dtype.SHAPES)
-        assert auto_dtype.read_cache(tmp_path)[auto_dtype.probe_key(f"model-{factor}", torch.device("cpu"))] == got
+        got = tuning.choose(tiny_llama[0], f"model-{factor}", tmp_path, timer, compile_mode="auto")
+        assert got["compiled"] is want and len(got["compiled_ms"]["eager"]) == len(tuning.SHAPES)
+        assert tuning.read_cache(tmp_path)[tuning.cache_key(f"model-{factor}", torch.device("cpu"))] == got
     assert tiny_llama[0].compiled is False  # the probe times a copy
 
 

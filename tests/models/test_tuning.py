@@ -9,7 +9,7 @@ import torch
 
 from bebop.errors import BebopError
 from bebop.models import cpu
-from bebop.models import tuning as auto_dtype
+from bebop.models import tuning
 from bebop.models import registry
 
 
@@ -43,13 +43,13 @@ def n_configs():
     """(dtype, attention, linear) configs the probe times on this machine: packed weights only where oneDNN
     takes them (fp32 where torch has the op, bf16 where the CPU computes it natively)."""
     cpu = torch.device("cpu")
-    return sum(len(auto_dtype.ATTENTION_KINDS) * len(auto_dtype.linear_kinds(d, cpu)) for d in auto_dtype.DTYPES.values())
+    return sum(len(tuning.ATTENTION_KINDS) * len(tuning.linear_kinds(d, cpu)) for d in tuning.DTYPES.values())
 
 
 def table(f32, bf16):
     """{(dtype, kernel): cost} from (sdpa, folded, matmul) costs per dtype."""
-    return {**{("float32", a): c for a, c in zip(auto_dtype.ATTENTION_KINDS, f32)},
-            **{("bfloat16", a): c for a, c in zip(auto_dtype.ATTENTION_KINDS, bf16)}}
+    return {**{("float32", a): c for a, c in zip(tuning.ATTENTION_KINDS, f32)},
+            **{("bfloat16", a): c for a, c in zip(tuning.ATTENTION_KINDS, bf16)}}
 
 
 @pytest.mark.parametrize("costs,want", [
@@ -64,7 +64,7 @@ def table(f32, bf16):
 def test_probe_picks_the_fastest_config(tiny_llama, costs, want):
     model, _ = tiny_llama
     calls = []
-    got = auto_dtype.probe(model, fake_timer(costs, calls), shapes=((1, 1), (4, 2)), repeats=2)
+    got = tuning.probe(model, fake_timer(costs, calls), shapes=((1, 1), (4, 2)), repeats=2)
     assert (got["dtype"], got["attention"]) == want
     assert got["attention_for"][want[0]] == want[1]
     assert len(calls) == n_configs() * 2 * 3  # configs x shapes x (warm-up + repeats)
@@ -84,12 +84,12 @@ def test_probe_picks_a_linear_kind_where_it_is_faster(tiny_llama, kind, factor, 
     monkeypatch.setattr(cpu, "amx_bf16_linears", lambda: True)
     monkeypatch.setattr(cpu, "onednn_linears", lambda: False)
     model, _ = tiny_llama
-    assert auto_dtype.linear_kinds(torch.bfloat16, torch.device("cpu")) == ("plain", "packed", "amx")
+    assert tuning.linear_kinds(torch.bfloat16, torch.device("cpu")) == ("plain", "packed", "amx")
     fp32_packs = hasattr(torch.ops.mkldnn, "_reorder_linear_weight")  # oneDNN packs fp32 on any CPU it runs on
-    assert auto_dtype.linear_kinds(torch.float32, torch.device("cpu")) == ("plain", "packed")[:1 + fp32_packs]
+    assert tuning.linear_kinds(torch.float32, torch.device("cpu")) == ("plain", "packed")[:1 + fp32_packs]
     costs = table((1.0, 1.2, 1.2), (1.1, 1.3, 1.3))  # (packed fp32 costs what plain does here: plain stays)
     timer = fake_timer(costs, linear={("bfloat16", kind): factor})
-    got = auto_dtype.probe(model, timer, shapes=((1, 1), (4, 2)), repeats=1)
+    got = tuning.probe(model, timer, shapes=((1, 1), (4, 2)), repeats=1)
     assert got["linear_for"] == {"float32": "plain", "bfloat16": want}
     assert (got["dtype"], got["linear"]) == (("float32", "plain") if want == "plain" else ("bfloat16", want))
 
@@ -100,7 +100,7 @@ def rows_timer(factors, drift=None):
     calls = []
 
     def timer(model, batch, new_tokens):
-        j = auto_dtype.ROW_SHAPES.index((batch, new_tokens))
+        j = tuning.ROW_SHAPES.index((batch, new_tokens))
         calls.append(1)
         return 1e-3 * batch * new_tokens * factors[model.linear][j] * (drift(len(calls)) if drift else 1.0)
     return timer
@@ -120,11 +120,11 @@ def test_row_choice_gives_a_row_count_another_kind_where_it_is_faster(tiny_llama
     from bebop.models.kernels import Linear, linear_rows
 
     model, _ = tiny_llama
-    assert [b * t for b, t in auto_dtype.ROW_SHAPES] == [1, 4, 16, 64, 256]
+    assert [b * t for b, t in tuning.ROW_SHAPES] == [1, 4, 16, 64, 256]
     factors = {"amx": [1.0] * 5, "onednn": onednn}
-    per_rep = 2 * len(auto_dtype.ROW_SHAPES)
+    per_rep = 2 * len(tuning.ROW_SHAPES)
     for drift in (None, lambda n: 2.0 ** ((n - 1) // per_rep % 2)):
-        got, ms = auto_dtype.row_choice(model, ["amx", "onednn"], default, rows_timer(factors, drift), repeats=3)
+        got, ms = tuning.row_choice(model, ["amx", "onednn"], default, rows_timer(factors, drift), repeats=3)
         assert got == want and model.linear == "plain"
         assert ms["onednn"] == pytest.approx([r * f for r, f in zip([1, 4, 16, 64, 256], onednn)])
     model.linear = got
@@ -140,15 +140,15 @@ def test_the_probe_chooses_linears_per_row_count_where_two_fast_kinds_run(tiny_l
     monkeypatch.setattr(cpu, "amx_bf16_linears", lambda: True)
     monkeypatch.setattr(cpu, "onednn_linears", lambda: True)
     model, _ = tiny_llama
-    assert auto_dtype.linear_kinds(torch.bfloat16, torch.device("cpu")) == ("plain", "amx", "onednn")
+    assert tuning.linear_kinds(torch.bfloat16, torch.device("cpu")) == ("plain", "amx", "onednn")
     costs = fake_timer(table((1.0, 1.2, 1.2), (1.1, 1.3, 1.3)),  # (vLLM's fp32 oneDNN matmul as fast as plain)
                        linear={("bfloat16", "amx"): 0.7, ("bfloat16", "onednn"): 0.75})
     rows = rows_timer({"plain": [2.0] * 5, "amx": [1.0] * 5, "onednn": [1.2, 0.8, 1.2, 0.8, 0.8]})
 
     def timer(m, batch, new_tokens):  # the whole-forward probe's shapes, then row_choice's
-        return (rows if (batch, new_tokens) in auto_dtype.ROW_SHAPES else costs)(m, batch, new_tokens)
+        return (rows if (batch, new_tokens) in tuning.ROW_SHAPES else costs)(m, batch, new_tokens)
 
-    got = auto_dtype.probe(model, timer, shapes=((2, 1), (8, 2)), repeats=1)
+    got = tuning.probe(model, timer, shapes=((2, 1), (8, 2)), repeats=1)
     assert got["dtype"] == "bfloat16" and got["linear"] == got["linear_for"]["bfloat16"]
     assert got["linear"] == "amx:1,onednn:4,amx:16,onednn" and got["linear_for"]["float32"] == "plain"
     assert set(got["linear_rows_ms"]["bfloat16"]) == {"amx", "onednn"}
@@ -159,16 +159,16 @@ def test_probe_picks_paged_attention_for_every_phase_where_it_is_faster(tiny_lla
     """Paged attention (vLLM's kernel over its own cache layout) serves both phases at once: it replaces the best
     per-phase pair where it is 5% faster over all shapes, not otherwise; only bf16 is offered it. The timer is
     fake and the kernel pretended, so the rule is tested on every CPU."""
-    monkeypatch.setattr(auto_dtype, "paged_runs", lambda dtype, device, head_dim: dtype == torch.bfloat16)
+    monkeypatch.setattr(tuning, "paged_runs", lambda dtype, device, head_dim: dtype == torch.bfloat16)
     model, _ = tiny_llama
-    assert auto_dtype.attention_kinds(torch.bfloat16, model) == (*auto_dtype.ATTENTION_KINDS, "paged")
-    assert auto_dtype.attention_kinds(torch.float32, model) == auto_dtype.ATTENTION_KINDS
+    assert tuning.attention_kinds(torch.bfloat16, model) == (*tuning.ATTENTION_KINDS, "paged")
+    assert tuning.attention_kinds(torch.float32, model) == tuning.ATTENTION_KINDS
     one = table((1.0, 1.2, 1.2), (0.5, 0.4, 0.6))  # one new token: folded fastest in bf16
     several = table((1.0, 1.2, 1.2), (0.5, 0.6, 0.6))  # several: SDPA
     pair = math.exp((math.log(0.4 * 1) + math.log(0.5 * 4 * 2)) / 2)  # the pair's geomean over the two shapes
     scale = factor * pair / math.sqrt(1 * 1 * 4 * 2)  # paged costs scale x (batch x new tokens) on both shapes
     one[("bfloat16", "paged")] = several[("bfloat16", "paged")] = scale
-    got = auto_dtype.probe(model, fake_timer(one, several=several), shapes=((1, 1), (4, 2)), repeats=1)
+    got = tuning.probe(model, fake_timer(one, several=several), shapes=((1, 1), (4, 2)), repeats=1)
     assert got["attention_for"]["bfloat16"] == want and got["attention_for"]["float32"] == ["sdpa", "sdpa"]
     assert ("bfloat16/paged/plain" in got["ms"]) and not any("float32/paged" in k for k in got["ms"])
 
@@ -179,7 +179,7 @@ def test_probe_picks_a_kernel_per_phase(tiny_llama):
     model, _ = tiny_llama
     one = table((1.0, 1.3, 1.2), (0.8, 1.2, 1.1))
     several = table((1.0, 1.1, 1.2), (1.6, 0.8, 1.0))  # bf16 SDPA alone would lose to fp32 here
-    got = auto_dtype.probe(model, fake_timer(one, several=several), shapes=((1, 1), (8, 1), (8, 4)), repeats=1)
+    got = tuning.probe(model, fake_timer(one, several=several), shapes=((1, 1), (8, 1), (8, 4)), repeats=1)
     assert got["attention_for"] == {"float32": ["sdpa", "sdpa"], "bfloat16": ["sdpa", "folded"]}
     assert (got["dtype"], got["attention"]) == ("bfloat16", ["sdpa", "folded"])
 
@@ -188,19 +188,19 @@ def test_probe_is_cached_per_model_and_thread_count(tiny_llama, tmp_path, monkey
     model, _ = tiny_llama
     costs = table((1.0, 1.0, 1.0), (0.5, 0.5, 0.5))
     calls = []
-    first = auto_dtype.choose(model, "m1", tmp_path, fake_timer(costs, calls))
+    first = tuning.choose(model, "m1", tmp_path, fake_timer(costs, calls))
     n = len(calls)
     assert n > 0 and first["dtype"] == "bfloat16"
-    assert auto_dtype.choose(model, "m1", tmp_path, fake_timer(costs, calls)) == first and len(calls) == n
-    auto_dtype.choose(model, "m2", tmp_path, fake_timer(costs, calls))  # another model: probed again
+    assert tuning.choose(model, "m1", tmp_path, fake_timer(costs, calls)) == first and len(calls) == n
+    tuning.choose(model, "m2", tmp_path, fake_timer(costs, calls))  # another model: probed again
     assert len(calls) == 2 * n
     monkeypatch.setattr(torch, "get_num_threads", lambda: 97)  # another thread count: probed again
-    auto_dtype.choose(model, "m1", tmp_path, fake_timer(costs, calls))
+    tuning.choose(model, "m1", tmp_path, fake_timer(costs, calls))
     assert len(calls) == 3 * n
-    keys = list(json.loads((tmp_path / auto_dtype.CACHE_FILE).read_text()))
+    keys = list(json.loads((tmp_path / tuning.CACHE_FILE).read_text()))
     assert len(keys) == 3 and all(cpu.cpu_model() in k and cpu.describe() in k and torch.__version__ in k for k in keys)
-    (tmp_path / auto_dtype.CACHE_FILE).write_text("{not json")  # a damaged cache is measured again, not fatal
-    assert auto_dtype.choose(model, "m1", tmp_path, fake_timer(costs, calls)) == first and len(calls) == 4 * n
+    (tmp_path / tuning.CACHE_FILE).write_text("{not json")  # a damaged cache is measured again, not fatal
+    assert tuning.choose(model, "m1", tmp_path, fake_timer(costs, calls)) == first and len(calls) == 4 * n
 
 
 def test_auto_dtype_end_to_end_on_a_local_model(tmp_path, monkeypatch, load_models):
@@ -210,11 +210,11 @@ def test_auto_dtype_end_to_end_on_a_local_model(tmp_path, monkeypatch, load_mode
     tok.save_pretrained(folder)
     monkeypatch.setenv("BEBOP_CACHE", str(tmp_path / "cache"))
     model, _ = registry.load_model(str(folder), dtype="auto")  # a real probe: tiny forwards, real timings
-    known = json.loads((tmp_path / "cache" / auto_dtype.CACHE_FILE).read_text())
+    known = json.loads((tmp_path / "cache" / tuning.CACHE_FILE).read_text())
     (choice,) = known.values()
-    assert model.embed.weight.dtype == auto_dtype.DTYPES[choice["dtype"]] and model.attention == tuple(choice["attention"])
+    assert model.embed.weight.dtype == tuning.DTYPES[choice["dtype"]] and model.attention == tuple(choice["attention"])
     assert model.linear == choice["linear"]
-    assert all(len(ms) == len(auto_dtype.SHAPES) and min(ms) > 0 for ms in choice["ms"].values())
+    assert all(len(ms) == len(tuning.SHAPES) and min(ms) > 0 for ms in choice["ms"].values())
     forced, _ = registry.load_model(str(folder), dtype="bfloat16")  # forced dtype, probed kernel for it
     assert forced.embed.weight.dtype == torch.bfloat16 and forced.attention == tuple(choice["attention_for"]["bfloat16"])
     assert forced.linear == choice["linear_for"]["bfloat16"]
@@ -223,7 +223,7 @@ def test_auto_dtype_end_to_end_on_a_local_model(tmp_path, monkeypatch, load_mode
 def test_auto_on_test_models_is_fp32_without_probe(tmp_path, monkeypatch):
     monkeypatch.setenv("BEBOP_CACHE", str(tmp_path))
     model, _ = registry.load_model("tiny-llama", dtype="auto")
-    assert model.embed.weight.dtype == torch.float32 and not (tmp_path / auto_dtype.CACHE_FILE).exists()
+    assert model.embed.weight.dtype == torch.float32 and not (tmp_path / tuning.CACHE_FILE).exists()
     with pytest.raises(BebopError, match="unknown dtype"):
         registry.load_model("tiny-llama", dtype="float16")
     assert cpu.cpu_model()
@@ -264,11 +264,11 @@ def test_a_cpu_without_native_bf16_is_probed_for_what_it_runs(avx2_only, load_mo
     monkeypatch.setenv("BEBOP_CACHE", str(tmp_path / "cache"))
     model, _ = registry.load_model(folder, dtype="auto")
     assert "no native bf16" in capsys.readouterr().err
-    ((key, choice),) = json.loads((tmp_path / "cache" / auto_dtype.CACHE_FILE).read_text()).items()
+    ((key, choice),) = json.loads((tmp_path / "cache" / tuning.CACHE_FILE).read_text()).items()
     assert "[AVX2 (" in key and "bf16 emulated" in key and choice["capability"] == cpu.describe()
-    fp32_kinds = auto_dtype.linear_kinds(torch.float32, torch.device("cpu"))  # plain, packed where torch has it,
+    fp32_kinds = tuning.linear_kinds(torch.float32, torch.device("cpu"))  # plain, packed where torch has it,
     # vLLM's oneDNN matmul where vLLM is installed
-    attentions = auto_dtype.attention_kinds(torch.float32, model)
+    attentions = tuning.attention_kinds(torch.float32, model)
     assert set(choice["ms"]) == {f"float32/{a}/{lin}" for a in attentions for lin in fp32_kinds}
     assert choice["dtype"] == "float32" and set(choice["linear_for"]) == {"float32"}  # bf16 never timed
     assert choice["linear_for"]["float32"] in fp32_kinds and choice["dropped"] == {}
@@ -301,10 +301,10 @@ def test_a_kernel_that_raises_in_the_probe_is_dropped_with_a_note(tiny_llama, mo
     monkeypatch.setattr(cpu, "onednn_linears", lambda: False)
     monkeypatch.setattr(kernels, "reorder_linear_weight", refuse, raising=False)
     model, _ = tiny_llama
-    got = auto_dtype.probe(model, shapes=((1, 1), (2, 2)), repeats=1)
+    got = tuning.probe(model, shapes=((1, 1), (2, 2)), repeats=1)
     cpu_device = torch.device("cpu")
-    packed = {f"{name}/{a}/packed" for name, d in auto_dtype.DTYPES.items() for a in auto_dtype.ATTENTION_KINDS
-              if "packed" in auto_dtype.linear_kinds(d, cpu_device)}  # (fp32 too, where torch has the op)
+    packed = {f"{name}/{a}/packed" for name, d in tuning.DTYPES.items() for a in tuning.ATTENTION_KINDS
+              if "packed" in tuning.linear_kinds(d, cpu_device)}  # (fp32 too, where torch has the op)
     assert {"bfloat16/sdpa/packed"} <= packed and set(got["dropped"]) == packed and all(v == "RuntimeError: " + AVX2_MESSAGE for v in got["dropped"].values())
     assert not packed & set(got["ms"]) and got["linear_for"] == {"float32": "plain", "bfloat16": "plain"}
     notes = [line for line in capsys.readouterr().err.splitlines() if "dropped" in line]
@@ -324,13 +324,13 @@ def test_a_dtype_that_never_runs_is_not_chosen(tiny_llama, monkeypatch):
             raise RuntimeError("bf16 refused")
         return fast(m, batch, new_tokens)
 
-    got = auto_dtype.choose(model, registry.probe_name(model.name), registry.cache_dir(), no_bf16)
+    got = tuning.choose(model, registry.probe_name(model.name), registry.cache_dir(), no_bf16)
     assert got["dtype"] == "float32" and set(got["attention_for"]) == set(got["linear_for"]) == {"float32"}
-    assert len(got["dropped"]) == len(auto_dtype.ATTENTION_KINDS) * len(auto_dtype.linear_kinds(torch.bfloat16, torch.device("cpu")))
+    assert len(got["dropped"]) == len(tuning.ATTENTION_KINDS) * len(tuning.linear_kinds(torch.bfloat16, torch.device("cpu")))
     assert registry.probed_kernels(model, "bfloat16") == (model.attention, model.linear)
 
     def nothing(m, batch, new_tokens):
         raise RuntimeError("no kernel")
 
     with pytest.raises(BebopError, match="no kernel of this model ran on this machine"):
-        auto_dtype.probe(model, nothing, shapes=((1, 1),), repeats=1)
+        tuning.probe(model, nothing, shapes=((1, 1),), repeats=1)
