@@ -11,6 +11,7 @@ Tests pretend a poorer CPU by replacing `packs_bf16_linears` / `native_bf16` / `
 
 import functools
 import importlib.util
+import os
 import platform
 from pathlib import Path
 
@@ -139,6 +140,13 @@ def features() -> list[str]:
     return found + (["native bf16"] if native_bf16() else ["bf16 emulated"])
 
 
+# the variables that make torch, MKL and oneDNN run lower instruction sets than the CPU has (an AVX2-only CPU
+# emulated on an AVX-512 one: ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2)
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+
+
 def describe() -> str:
-    """One line for logs and result files, e.g. "AVX512 (avx512_bf16, amx, vnni, native bf16)"."""
-    return f"{capability()} ({', '.join(features())})"
+    """One line for logs and result files, e.g. "AVX512 (avx512_bf16, amx, vnni, native bf16)", naming the
+    ISA_LIMITS that are set (a figure measured under them is an emulation)."""
+    limits = [f"{name}={os.environ[name]}" for name in ISA_LIMITS if os.environ.get(name)]
+    return f"{capability()} ({', '.join(features() + (['limited by ' + ' '.join(limits)] if limits else []))})"

@@ -33,7 +33,7 @@ def test_the_avx2_variables_make_every_query_answer_as_on_an_avx2_cpu():
     assert not any(got[k] for k in ("native_bf16", "packs", "amx", "onednn_bf16", "paged_bf16")), got
     assert got["library"] == "_C_AVX2", got
     assert got["vllm_ops"] and got["onednn_fp32"] and got["paged_fp32"], got
-    assert "bf16 emulated" in got["describe"], got
+    assert "bf16 emulated" in got["describe"] and "ATEN_CPU_CAPABILITY=avx2" in got["describe"], got
 
 
 LOADED = ("import json, runpy, torch; from bebop.models import cpu; "
