@@ -27,7 +27,7 @@ from bebop.models import DTYPES, cpu
 from bebop.models.decoder import Decoder
 from bebop.models.kernels import ATTENTION_KINDS, PAGED, amx_weights, onednn_weights, packs_weights, paged_runs
 
-CACHE_FILE = "dtype-probe-v8.json"  # the version grows whenever the answer's fields or meaning change
+CACHE_FILE = "dtype-probe-v9.json"  # the version grows whenever the answer's fields or meaning change
 # (batch, new tokens per row) timed: plain decoding alone and batched, and a K=3 verification step; batch 16 is
 # the smallest batch RL rollouts run at
 SHAPES = ((1, 1), (16, 1), (16, 4))
@@ -234,16 +234,18 @@ def choose_kernels(ms: dict, shapes) -> tuple[str, dict, dict]:
 
 
 def choose_rows(models: dict, ms: dict, shapes, pairs: dict, linear: dict, timer, attention) -> dict:
-    """Where a dtype's linear kind is not plain and two or more fast kinds within ROW_CANDIDATE of it ran, they
-    are timed against it at the row counts of ROW_SHAPES (with that dtype's attention) and a count goes to
-    another kind where that is 5% faster (row_choice): no one kernel wins at every row count. Updates `linear`
-    in place; returns {dtype: {kind: [ms per ROW_SHAPES shape]}}. The models' attention is `attention` after."""
+    """Where two or more of a dtype's linear kinds ran within ROW_CANDIDATE of its best (plain included), they
+    are timed against the best at the row counts of ROW_SHAPES (with that dtype's attention) and a count goes
+    to another kind where that is 5% faster (row_choice): no one kernel wins at every row count (emulating an
+    AVX2-only CPU, plain F.linear was the best single kind, 18% faster at 1 row, and vLLM's oneDNN matmul 7%
+    faster at 16). Updates `linear` in place; returns {dtype: {kind: [ms per ROW_SHAPES shape]}}. The models'
+    attention is `attention` after."""
     rows_ms = {}
     for d in linear:
         best = overall(ms, shapes, d, linear[d], pairs[(d, linear[d])])  # kinds within 10% of the best take part
-        fast = [lin for lin in dict.fromkeys(lin for dd, lin in pairs if dd == d) if lin != "plain"
-                and overall(ms, shapes, d, lin, pairs[(d, lin)]) < best / ROW_CANDIDATE]
-        if linear[d] != "plain" and len(fast) > 1:
+        fast = [lin for lin in dict.fromkeys(lin for dd, lin in pairs if dd == d)
+                if overall(ms, shapes, d, lin, pairs[(d, lin)]) < best / ROW_CANDIDATE]
+        if len(fast) > 1:
             models[d].attention = tuple(pairs[(d, linear[d])])
             try:
                 linear[d], rows_ms[d] = row_choice(models[d], fast, linear[d], timer)

@@ -67,8 +67,9 @@ def test_probe_picks_the_fastest_config(tiny_llama, costs, want):
     got = tuning.probe(model, fake_timer(costs, calls), shapes=((1, 1), (4, 2)), repeats=2)
     assert (got["dtype"], got["attention"]) == want
     assert got["attention_for"][want[0]] == want[1]
-    assert len(calls) == n_configs() * 2 * 3  # configs x shapes x (warm-up + repeats)
-    assert got["linear_for"] == {"float32": "plain", "bfloat16": "plain"}  # packing gains nothing here: plain
+    assert calls.count((4, 2)) == n_configs() * 3  # configs x (warm-up + repeats) at a shape only this probe times
+    # (the fast linear kinds, all as fast as plain here, are timed again per row count, and gain nothing: plain)
+    assert got["linear_for"] == {"float32": "plain", "bfloat16": "plain"}
     assert got["ms"]["float32/sdpa/plain"] == pytest.approx([1e3 * b * t for b, t in ((1, 1), (4, 2))])
     assert model.embed.weight.dtype == torch.float32 and model.attention == ("sdpa", "sdpa")  # caller's untouched
     assert model.linear == "plain"
@@ -145,13 +146,39 @@ def test_the_probe_chooses_linears_per_row_count_where_two_fast_kinds_run(tiny_l
                        linear={("bfloat16", "amx"): 0.7, ("bfloat16", "onednn"): 0.75})
     rows = rows_timer({"plain": [2.0] * 5, "amx": [1.0] * 5, "onednn": [1.2, 0.8, 1.2, 0.8, 0.8]})
 
-    def timer(m, batch, new_tokens):  # the whole-forward probe's shapes, then row_choice's
-        return (rows if (batch, new_tokens) in tuning.ROW_SHAPES else costs)(m, batch, new_tokens)
+    def timer(m, batch, new_tokens):  # the whole-forward probe's shapes, then row_choice's (fp32's kinds, as fast
+        # as one another there too, at every row count)
+        if (batch, new_tokens) not in tuning.ROW_SHAPES:
+            return costs(m, batch, new_tokens)
+        return rows(m, batch, new_tokens) if m.embed.weight.dtype == torch.bfloat16 else 1e-3 * batch * new_tokens
 
     got = tuning.probe(model, timer, shapes=((2, 1), (8, 2)), repeats=1)
     assert got["dtype"] == "bfloat16" and got["linear"] == got["linear_for"]["bfloat16"]
     assert got["linear"] == "amx:1,onednn:4,amx:16,onednn" and got["linear_for"]["float32"] == "plain"
     assert set(got["linear_rows_ms"]["bfloat16"]) == {"amx", "onednn"}
+
+
+def test_plain_the_best_single_kind_still_gives_row_counts_to_a_faster_kind(tiny_llama, avx2_only, monkeypatch):
+    """What an emulated AVX2-only CPU measured in fp32: plain F.linear the best single kind over the probe's
+    shapes (much the fastest at 1 row), vLLM's oneDNN matmul 7% faster at 16 rows. Plain takes part in the
+    per-row-count choice like any kind: the row counts where oneDNN is 5% faster go to it, the others stay
+    plain; where oneDNN is 3% faster, a near tie, plain stays everywhere."""
+    monkeypatch.setattr(cpu, "onednn_linears", lambda: True)
+    monkeypatch.setattr(tuning, "packs_weights", lambda dtype, device: False)
+    model, _ = tiny_llama
+    assert tuning.linear_kinds(torch.float32, torch.device("cpu")) == ("plain", "onednn")
+    costs = fake_timer(table((1.0, 1.2, 1.2), (2.0, 2.0, 2.0)), linear={("float32", "onednn"): 1.05})
+    for onednn, want in (([1.2, 0.94, 0.93, 0.94, 0.94], "plain:1,onednn"),
+                         ([1.2, 1.0, 0.93, 0.99, 0.99], "plain:4,onednn:16,plain"),
+                         ([1.2, 1.0, 0.97, 0.98, 0.99], "plain")):
+        rows = rows_timer({"plain": [1.0] * 5, "onednn": onednn})
+
+        def timer(m, batch, new_tokens):
+            return (rows if (batch, new_tokens) in tuning.ROW_SHAPES else costs)(m, batch, new_tokens)
+
+        got = tuning.probe(model, timer, shapes=((2, 1), (8, 2)), repeats=1)
+        assert got["dtype"] == "float32" and got["linear"] == want
+        assert set(got["linear_rows_ms"]["float32"]) == {"plain", "onednn"}
 
 
 @pytest.mark.parametrize("factor,want", [(0.8, ["paged", "paged"]), (0.97, ["folded", "sdpa"])])
@@ -258,7 +285,7 @@ def test_a_cpu_without_native_bf16_is_probed_for_what_it_runs(avx2_only, load_mo
     `--dtype bfloat16` loads and generates with plain linears, and a linear told to pack multiplies plainly
     (what a cache copied from an AMX machine would ask for)."""
     from bebop.cli import main
-    from bebop.models.kernels import Linear
+    from bebop.models.kernels import Linear, linear_rows
 
     folder = local_model(load_models, tmp_path / "model")
     monkeypatch.setenv("BEBOP_CACHE", str(tmp_path / "cache"))
@@ -271,7 +298,9 @@ def test_a_cpu_without_native_bf16_is_probed_for_what_it_runs(avx2_only, load_mo
     attentions = tuning.attention_kinds(torch.float32, model)
     assert set(choice["ms"]) == {f"float32/{a}/{lin}" for a in attentions for lin in fp32_kinds}
     assert choice["dtype"] == "float32" and set(choice["linear_for"]) == {"float32"}  # bf16 never timed
-    assert choice["linear_for"]["float32"] in fp32_kinds and choice["dropped"] == {}
+    assert {kind for _, kind in linear_rows(choice["linear_for"]["float32"])} <= set(fp32_kinds)  # (or a kind per
+    # row count, of those)
+    assert choice["dropped"] == {}
 
     forced, _ = registry.load_model(folder, dtype="bfloat16")
     assert forced.embed.weight.dtype == torch.bfloat16 and forced.linear == "plain"
