@@ -3,12 +3,12 @@
 `--dtype auto` runs the model in bfloat16 where this machine runs it faster than float32, else float32; which
 attention kernel and linear kind are fastest depends on the CPU too (bebop.models.kernels), so all are timed:
 a few interleaved forwards of the actual model, per (dtype, attention kernel, linear kind), at batch 1 and 16
-(tune), then the fast linear kinds per row count (row_choice) and, in compile mode "auto", the compiled step
-against eager (compile_choice). Only what this machine can run is timed (bebop.models.cpu), and a kernel that
-raises anyway is dropped with a note. The answer is cached in the bebop cache dir (CACHE_FILE), keyed by
-everything that changes it (cache_key): CPU model and capability, torch version, model name, thread count (and
-the accelerator's name when the model is on one). Only the model runs in bf16: sampling distributions are
-computed in fp32 (model.logits, bebop.sampling).
+(tune), then the linear kinds within 10% of the best (plain included) per row count (row_choice) and, in
+compile mode "auto", the compiled step against eager (compile_choice). Only what this machine can run is timed
+(bebop.models.cpu), and a kernel that raises anyway is dropped with a note. The answer is cached in the bebop
+cache dir (CACHE_FILE), keyed by everything that changes it (cache_key): CPU model and capability, torch
+version, model name, thread count (and the accelerator's name when the model is on one). Only the model runs in
+bf16: sampling distributions are computed in fp32 (model.logits, bebop.sampling).
 """
 
 import copy
@@ -36,8 +36,8 @@ REPEATS = 2
 # the more precise choice (fp32; SDPA's kernel, whose bf16 scores stay fp32) is kept unless the other is at
 # least 5% faster: a probe on a loaded machine should not flip a choice on noise
 MARGIN = 0.95
-# (batch, new tokens per row) at which the fast linear kinds are timed against each other when two or more
-# run (row_choice): 1, 4, 16, 64 and 256 rows per linear (batch x new tokens): plain decoding at batch 1,
+# (batch, new tokens per row) at which the linear kinds near the best are timed against each other when two or
+# more run (row_choice): 1, 4, 16, 64 and 256 rows per linear (batch x new tokens): plain decoding at batch 1,
 # verification steps of K = 3 at batch 1, 16 and 64
 ROW_SHAPES = ((1, 1), (1, 4), (16, 1), (16, 4), (64, 4))
 ROW_REPEATS = 5
@@ -129,7 +129,7 @@ def note(text: str) -> None:
 
 def tune(model: Decoder, timer=time_forward, shapes=SHAPES, repeats: int = REPEATS) -> dict:
     """Time every (dtype, attention kernel, linear kind) this machine offers (linear_kinds) on every shape
-    (time_configs) and choose among them (choose_kernels); where two or more fast linear kinds run in a
+    (time_configs) and choose among them (choose_kernels); where two or more linear kinds run near the best in a
     dtype, time them per row count too (choose_rows).
     Returns {"dtype", "attention": [one-token kernel, few-token kernel], "linear", "attention_for": {dtype:
     that pair}, "linear_for": {dtype: kind}, "shapes", "ms": {config: [ms per shape]}, "linear_rows_ms":
