@@ -243,12 +243,12 @@ def choose_rows(models: dict, ms: dict, shapes, pairs: dict, linear: dict, timer
     rows_ms = {}
     for d in linear:
         best = overall(ms, shapes, d, linear[d], pairs[(d, linear[d])])  # kinds within 10% of the best take part
-        fast = [lin for lin in dict.fromkeys(lin for dd, lin in pairs if dd == d)
+        near = [lin for lin in dict.fromkeys(lin for dd, lin in pairs if dd == d)
                 if overall(ms, shapes, d, lin, pairs[(d, lin)]) < best / ROW_CANDIDATE]
-        if len(fast) > 1:
+        if len(near) > 1:
             models[d].attention = tuple(pairs[(d, linear[d])])
             try:
-                linear[d], rows_ms[d] = row_choice(models[d], fast, linear[d], timer)
+                linear[d], rows_ms[d] = row_choice(models[d], near, linear[d], timer)
             finally:
                 models[d].attention = attention
     return rows_ms
